@@ -1,0 +1,73 @@
+package dlock
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Test for them with [errors.Is]: dlock wraps them with
+// context (the key, the token, the cause).
+var (
+	// ErrLocked is returned by [Mutex.TryLock] when another owner holds the key.
+	ErrLocked = errors.New("dlock: locked by another owner")
+	// ErrNotHeld is returned by [Mutex.Unlock] when the Mutex holds no lease.
+	ErrNotHeld = errors.New("dlock: not held")
+	// ErrReleased is what [Lease.Err] reports after a clean release.
+	ErrReleased = errors.New("dlock: lease released")
+	// ErrLeaseLost is what [Lease.Err] reports, wrapped in a [*LeaseLostError],
+	// once the lease can no longer be relied on: its extensions failed until
+	// its local deadline, or the store showed that another owner took the key.
+	ErrLeaseLost = errors.New("dlock: lease lost")
+	// ErrStaleToken is returned by [Fence.Check] and [UpdateFenced] for a
+	// fencing token lower than one already admitted.
+	ErrStaleToken = errors.New("dlock: stale fencing token")
+	// ErrClosed is returned by every call on a [Client], or on a [Mutex] made
+	// by it, after [Client.Close].
+	ErrClosed = errors.New("dlock: client closed")
+	// ErrInvalidKey is returned for a key that is empty, longer than
+	// [MaxKeyLen] bytes, not valid UTF-8 or contains a NUL byte.
+	ErrInvalidKey = errors.New("dlock: invalid key")
+	// ErrInvalidOption is returned for an option value out of range, or an
+	// option given where it does not apply.
+	ErrInvalidOption = errors.New("dlock: invalid option")
+)
+
+// LeaseLostError reports why a lease was lost. It matches [ErrLeaseLost]
+// with [errors.Is], and unwraps to the cause when there is one.
+type LeaseLostError struct {
+	Key   string
+	Token Token
+	// Cause is the last store error when extensions failed until the local
+	// deadline, or nil when the store showed the key held by someone else.
+	Cause error
+}
+
+func (e *LeaseLostError) Error() string {
+	if e.Cause != nil {
+		return fmt.Sprintf("dlock: lease on %q (token %d) lost: %v", e.Key, e.Token, e.Cause)
+	}
+	return fmt.Sprintf("dlock: lease on %q (token %d) lost: taken over or released by another owner", e.Key, e.Token)
+}
+
+// Is reports whether target is [ErrLeaseLost].
+func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
+
+// Unwrap returns the cause.
+func (e *LeaseLostError) Unwrap() error { return e.Cause }
+
+// StaleTokenError reports a fencing token lower than one already admitted.
+// It matches [ErrStaleToken] with [errors.Is].
+type StaleTokenError struct {
+	Token   Token // the token presented
+	Highest Token // the highest token admitted so far, when known
+}
+
+func (e *StaleTokenError) Error() string {
+	if e.Highest == 0 {
+		return fmt.Sprintf("dlock: stale fencing token %d", e.Token)
+	}
+	return fmt.Sprintf("dlock: stale fencing token %d (highest admitted %d)", e.Token, e.Highest)
+}
+
+// Is reports whether target is [ErrStaleToken].
+func (e *StaleTokenError) Is(target error) bool { return target == ErrStaleToken }

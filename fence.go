@@ -1,0 +1,29 @@
+package dlock
+
+import "sync"
+
+// A Fence admits fencing tokens in order: it rejects a token lower than the
+// highest it has admitted, so a holder that lost its lease (paused, cut off)
+// cannot act after a newer holder has. Put one in front of the resource the
+// lock protects. The zero value is ready to use; a Fence is safe for
+// concurrent use and must not be copied after first use.
+//
+// For a resource stored in MongoDB, use [UpdateFenced], which applies the
+// same rule in the database, in the same write as the update.
+type Fence struct {
+	mu      sync.Mutex
+	highest Token
+}
+
+// Check admits t if it is at least the highest token admitted so far, and
+// returns a [*StaleTokenError] (matching [ErrStaleToken]) otherwise. One
+// holder may pass its token any number of times.
+func (f *Fence) Check(t Token) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if t < f.highest {
+		return &StaleTokenError{Token: t, Highest: f.highest}
+	}
+	f.highest = t
+	return nil
+}

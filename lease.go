@@ -1,0 +1,195 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// Token is a fencing token: a number that strictly increases with each hold
+// of a key, for the key's whole life, across releases, expiries, takeovers
+// and client restarts. Hand it to the storage your critical section writes,
+// and have that storage reject tokens older than one it has seen ([Fence],
+// [UpdateFenced]): then even a holder that was paused past its lease cannot
+// overwrite the work of the holder that followed it.
+type Token uint64
+
+// errDeadline is the cause of a lease lost at its local deadline with no
+// failed extension to blame (the process did not run, say).
+var errDeadline = errors.New("dlock: local deadline passed without a successful extension")
+
+// A Lease is one hold of a key. It is extended in the background until it is
+// released or lost. Done is closed when it ends for any reason; Lost only
+// when it was lost. A Lease is safe for concurrent use.
+type Lease struct {
+	c        *Client
+	m        *Mutex
+	key      string
+	token    Token
+	ttl      time.Duration
+	every    time.Duration
+	acquired time.Time // on the Client's clock
+	done     chan struct{}
+	lost     chan struct{}
+
+	mu       sync.Mutex
+	deadline time.Time // on the Client's clock: held until then
+	next     time.Time // when the next extension is due
+	lastErr  error     // the last failed extension
+	err      error     // nil while held
+	returned bool      // Release was called
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+}
+
+func (c *Client) newLease(m *Mutex, r record, sent time.Time) *Lease {
+	return &Lease{
+		c: c, m: m, key: m.key, token: r.Token, ttl: m.cfg.ttl, every: m.cfg.every(),
+		acquired: sent, deadline: sent.Add(holdFor(m.cfg.ttl)), next: sent.Add(m.cfg.every()),
+		done: make(chan struct{}), lost: make(chan struct{}),
+	}
+}
+
+func (l *Lease) ref() leaseRef {
+	return leaseRef{key: l.key, owner: l.c.owner, token: l.token, ttl: l.ttl}
+}
+
+// Key returns the key this lease holds.
+func (l *Lease) Key() string { return l.key }
+
+// Token returns the fencing token of this hold.
+func (l *Lease) Token() Token { return l.token }
+
+// Done returns a channel that is closed when the lease ends: released, lost,
+// or ended by [Client.Close].
+func (l *Lease) Done() <-chan struct{} { return l.done }
+
+// Lost returns a channel that is closed when the lease is lost, never on a
+// clean release. It is closed at the lease's local deadline, before any
+// other client can acquire the key, unless the process was paused past it
+// (which is what fencing tokens are for).
+func (l *Lease) Lost() <-chan struct{} { return l.lost }
+
+// Err returns nil while the lease is held; after it ends, [ErrReleased] or
+// a [*LeaseLostError] (which matches [ErrLeaseLost]). Err reads the clock:
+// past the local deadline it reports the loss even if the background
+// goroutine has not run yet.
+func (l *Lease) Err() error {
+	l.mu.Lock()
+	expired := l.err == nil && !l.c.clock.Now().Before(l.deadline)
+	l.mu.Unlock()
+	if expired {
+		l.expire()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Context returns a context that is cancelled when the lease ends, with
+// [context.Cause] reporting why. Run the protected work under it.
+func (l *Lease) Context() context.Context {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ctx == nil {
+		l.ctx, l.cancel = context.WithCancelCause(context.Background())
+		if l.err != nil {
+			l.cancel(l.err)
+		}
+	}
+	return l.ctx
+}
+
+// Release gives the lease back: one command to the server, which frees the
+// key only if this lease still holds it; or, when another goroutine of this
+// Client waits for the key, one command that passes it to that goroutine
+// with a new token. If the lease was lost, Release returns a
+// [*LeaseLostError] and changes nothing for the new holder. A second
+// Release returns [ErrNotHeld]. When Release fails for want of an answer
+// from the server, the lease is ended here all the same, and the key is
+// free again at the latest a TTL later.
+func (l *Lease) Release(ctx context.Context) error {
+	l.mu.Lock()
+	if l.returned {
+		l.mu.Unlock()
+		return ErrNotHeld
+	}
+	l.returned = true
+	l.mu.Unlock()
+	if l.m != nil {
+		l.m.forget(l)
+	}
+	ctx, span := l.c.tel.releaseSpan(ctx, l)
+	err := l.c.release(ctx, l)
+	endSpan(span, err)
+	return err
+}
+
+// expire ends the lease as lost at its deadline.
+func (l *Lease) expire() {
+	l.mu.Lock()
+	cause := l.lastErr
+	l.mu.Unlock()
+	if cause == nil {
+		cause = errDeadline
+	}
+	l.end(&LeaseLostError{Key: l.key, Token: l.token, Cause: cause}, causeExpired)
+}
+
+// steal ends the lease as lost because the store showed another owner.
+func (l *Lease) steal() error {
+	err := &LeaseLostError{Key: l.key, Token: l.token}
+	if !l.end(err, causeStolen) {
+		return l.ended()
+	}
+	return err
+}
+
+// end ends the lease with err; lostCause is "" for a clean end. It reports
+// whether this call ended it.
+func (l *Lease) end(err error, lostCause string) bool {
+	l.mu.Lock()
+	if l.err != nil {
+		l.mu.Unlock()
+		return false
+	}
+	l.err = err
+	close(l.done)
+	if lostCause != "" {
+		close(l.lost)
+	}
+	if l.cancel != nil {
+		l.cancel(err)
+	}
+	l.mu.Unlock()
+	l.c.ext.remove(l)
+	l.c.tel.endLease(l, l.c.clock.Now().Sub(l.acquired), lostCause, err)
+	return true
+}
+
+// ended returns the error the lease ended with.
+func (l *Lease) ended() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// extended records a successful extension sent at sent.
+func (l *Lease) extended(sent time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if d := sent.Add(holdFor(l.ttl)); d.After(l.deadline) {
+		l.deadline = d
+	}
+	l.next = sent.Add(l.every)
+	l.lastErr = nil
+}
+
+// failed records a failed extension: it is retried sooner.
+func (l *Lease) failed(now time.Time, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lastErr = err
+	l.next = now.Add(l.every / 4)
+}

@@ -1,0 +1,243 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
+)
+
+// Field names of a lock document: {_id: key, owner, token, rev, ttl, at}.
+const (
+	fOwner = "owner"
+	fToken = "token"
+	fRev   = "rev"
+	fTTL   = "ttl" // milliseconds
+	fAt    = "at"
+)
+
+// lockDoc is the stored form of a record.
+type lockDoc struct {
+	Owner string    `bson:"owner"`
+	Token int64     `bson:"token"`
+	Rev   int64     `bson:"rev"`
+	TTL   int64     `bson:"ttl"`
+	At    time.Time `bson:"at"`
+}
+
+func (d lockDoc) record() record {
+	return record{Owner: d.Owner, Token: Token(d.Token), Rev: d.Rev, TTL: time.Duration(d.TTL) * time.Millisecond, At: d.At}
+}
+
+// mongoStore keeps one document per key in a collection. It relies only on
+// single-document atomicity, works on a standalone server and on a replica
+// set, and uses no server-side expressions ($expr, $$NOW), so it runs on
+// MongoDB 4.4+ and on compatible servers that keep that atomicity.
+type mongoStore struct {
+	coll    *mongo.Collection
+	counted func(ctx context.Context, n int) // telemetry: commands sent
+}
+
+func newMongoStore(coll *mongo.Collection, counted func(context.Context, int)) *mongoStore {
+	coll = coll.Clone(options.Collection().
+		SetWriteConcern(writeconcern.Majority()).
+		SetReadConcern(readconcern.Majority()))
+	return &mongoStore{coll: coll, counted: counted}
+}
+
+func ttlMillis(ttl time.Duration) int64 {
+	return int64((ttl + time.Millisecond - 1) / time.Millisecond)
+}
+
+// newHold is the update that starts a hold: a new token, a new revision.
+func newHold(owner string, ttl time.Duration) bson.D {
+	return bson.D{
+		{Key: "$set", Value: bson.D{{Key: fOwner, Value: owner}, {Key: fTTL, Value: ttlMillis(ttl)}}},
+		{Key: "$inc", Value: bson.D{{Key: fToken, Value: int64(1)}, {Key: fRev, Value: int64(1)}}},
+		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
+	}
+}
+
+var (
+	touch = bson.D{
+		{Key: "$inc", Value: bson.D{{Key: fRev, Value: int64(1)}}},
+		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
+	}
+	free = bson.D{
+		{Key: "$set", Value: bson.D{{Key: fOwner, Value: ""}}},
+		{Key: "$inc", Value: bson.D{{Key: fRev, Value: int64(1)}}},
+		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
+	}
+	returnAfter = options.FindOneAndUpdate().SetReturnDocument(options.After)
+	upsertAfter = options.FindOneAndUpdate().SetReturnDocument(options.After).SetUpsert(true)
+)
+
+func held(ref leaseRef) bson.D {
+	return bson.D{{Key: "_id", Value: ref.key}, {Key: fOwner, Value: ref.owner}, {Key: fToken, Value: int64(ref.token)}}
+}
+
+func (s *mongoStore) acquire(ctx context.Context, key, owner string, ttl time.Duration, takeover int64) (record, error) {
+	or := bson.A{bson.D{{Key: fOwner, Value: ""}}, bson.D{{Key: fOwner, Value: owner}}}
+	if takeover != 0 {
+		or = append(or, bson.D{{Key: fRev, Value: takeover}})
+	}
+	filter := bson.D{{Key: "_id", Value: key}, {Key: "$or", Value: or}}
+	s.counted(ctx, 1)
+	var d lockDoc
+	err := s.coll.FindOneAndUpdate(ctx, filter, newHold(owner, ttl), upsertAfter).Decode(&d)
+	switch {
+	case err == nil:
+		return d.record(), nil
+	case mongo.IsDuplicateKeyError(err):
+		// The record exists and the filter did not match: someone else holds it.
+		return record{}, errHeld
+	default:
+		return record{}, fmt.Errorf("dlock: acquire %q: %w", key, err)
+	}
+}
+
+func (s *mongoStore) handoff(ctx context.Context, ref leaseRef, ttl time.Duration) (record, error) {
+	update := bson.D{
+		{Key: "$set", Value: bson.D{{Key: fTTL, Value: ttlMillis(ttl)}}},
+		{Key: "$inc", Value: bson.D{{Key: fToken, Value: int64(1)}, {Key: fRev, Value: int64(1)}}},
+		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
+	}
+	s.counted(ctx, 1)
+	var d lockDoc
+	err := s.coll.FindOneAndUpdate(ctx, held(ref), update, returnAfter).Decode(&d)
+	switch {
+	case err == nil:
+		return d.record(), nil
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return record{}, errNotOwner
+	default:
+		return record{}, fmt.Errorf("dlock: hand off %q: %w", ref.key, err)
+	}
+}
+
+func (s *mongoStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error) {
+	models := make([]mongo.WriteModel, len(refs))
+	for i, ref := range refs {
+		models[i] = mongo.NewUpdateOneModel().SetFilter(held(ref)).SetUpdate(touch)
+	}
+	s.counted(ctx, 1)
+	res, err := s.coll.BulkWrite(ctx, models, options.BulkWrite().SetOrdered(false))
+	if err != nil {
+		return nil, fmt.Errorf("dlock: extend %d leases: %w", len(refs), err)
+	}
+	ok := make([]bool, len(refs))
+	if res.MatchedCount == int64(len(refs)) {
+		for i := range ok {
+			ok[i] = true
+		}
+		return ok, nil
+	}
+	// Some were not matched: find which of them this owner still holds.
+	keys := make(bson.A, len(refs))
+	for i, ref := range refs {
+		keys[i] = ref.key
+	}
+	s.counted(ctx, 1)
+	cur, err := s.coll.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: keys}}}},
+		options.Find().SetProjection(bson.D{{Key: fOwner, Value: 1}, {Key: fToken, Value: 1}}))
+	if err != nil {
+		return nil, fmt.Errorf("dlock: extend %d leases: %w", len(refs), err)
+	}
+	var docs []struct {
+		ID    string `bson:"_id"`
+		Owner string `bson:"owner"`
+		Token int64  `bson:"token"`
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, fmt.Errorf("dlock: extend %d leases: %w", len(refs), err)
+	}
+	type hold struct {
+		owner string
+		token Token
+	}
+	now := make(map[string]hold, len(docs))
+	for _, d := range docs {
+		now[d.ID] = hold{d.Owner, Token(d.Token)}
+	}
+	for i, ref := range refs {
+		ok[i] = now[ref.key] == hold{ref.owner, ref.token}
+	}
+	return ok, nil
+}
+
+func (s *mongoStore) release(ctx context.Context, ref leaseRef) error {
+	s.counted(ctx, 1)
+	res, err := s.coll.UpdateOne(ctx, held(ref), free)
+	switch {
+	case err != nil:
+		return fmt.Errorf("dlock: release %q: %w", ref.key, err)
+	case res.MatchedCount == 0:
+		return errNotOwner
+	}
+	return nil
+}
+
+func (s *mongoStore) releaseAll(ctx context.Context, refs []leaseRef) error {
+	if len(refs) == 0 {
+		return nil
+	}
+	models := make([]mongo.WriteModel, len(refs))
+	for i, ref := range refs {
+		models[i] = mongo.NewUpdateOneModel().SetFilter(held(ref)).SetUpdate(free)
+	}
+	s.counted(ctx, 1)
+	if _, err := s.coll.BulkWrite(ctx, models, options.BulkWrite().SetOrdered(false)); err != nil {
+		return fmt.Errorf("dlock: release %d leases: %w", len(refs), err)
+	}
+	return nil
+}
+
+func (s *mongoStore) abandon(ctx context.Context, key, owner string) error {
+	s.counted(ctx, 1)
+	_, err := s.coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: key}, {Key: fOwner, Value: owner}}, free)
+	if err != nil {
+		return fmt.Errorf("dlock: abandon %q: %w", key, err)
+	}
+	return nil
+}
+
+func (s *mongoStore) read(ctx context.Context, key string) (record, error) {
+	s.counted(ctx, 1)
+	var d lockDoc
+	err := s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: key}}).Decode(&d)
+	switch {
+	case err == nil:
+		return d.record(), nil
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return record{}, nil
+	default:
+		return record{}, fmt.Errorf("dlock: read %q: %w", key, err)
+	}
+}
+
+func (s *mongoStore) serverTime(ctx context.Context) (time.Time, bool, error) {
+	s.counted(ctx, 1)
+	var reply struct {
+		LocalTime time.Time `bson:"localTime"`
+	}
+	err := s.coll.Database().RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Decode(&reply)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("dlock: read server time: %w", err)
+	}
+	return reply.LocalTime, !reply.LocalTime.IsZero(), nil
+}
+
+// transient reports whether err may go away by itself: the network, a
+// timeout, a primary stepping down. Other errors (bad credentials, a
+// rejected command) are returned to the caller at once.
+func transient(err error) bool {
+	var le mongo.LabeledError
+	return mongo.IsNetworkError(err) || mongo.IsTimeout(err) ||
+		(errors.As(err, &le) && (le.HasErrorLabel("RetryableWriteError") || le.HasErrorLabel("TransientTransactionError")))
+}

@@ -1,0 +1,193 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Instrumentation scope: the module path, with its version.
+const (
+	scopeName = "github.com/dlock-go/dlock"
+	// Version is this release of dlock, reported as the OpenTelemetry
+	// instrumentation scope version.
+	Version = "0.1.0"
+)
+
+// Attribute keys; see the README for the full list of spans and metrics.
+const (
+	attrKey      = attribute.Key("dlock.key")
+	attrOwner    = attribute.Key("dlock.owner")
+	attrToken    = attribute.Key("dlock.token")
+	attrAttempts = attribute.Key("dlock.attempts")
+	attrOutcome  = attribute.Key("dlock.outcome")
+	attrCause    = attribute.Key("dlock.lost.cause")
+)
+
+// Outcomes of a Lock or TryLock call.
+const (
+	outcomeAcquired  = "acquired"
+	outcomeLocked    = "locked"
+	outcomeCancelled = "cancelled"
+	outcomeError     = "error"
+)
+
+// Causes of a lost lease.
+const (
+	causeExpired = "expired" // extensions failed until the local deadline
+	causeStolen  = "stolen"  // the store showed another owner
+)
+
+// WithTracerProvider sets where the Client's spans go. The default is the
+// global provider ([otel.GetTracerProvider]) at the time of [NewClient].
+// Client only.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return clientOnly("WithTracerProvider", func(c *config) { c.tracerProvider = tp })
+}
+
+// WithMeterProvider sets where the Client's metrics go. The default is the
+// global provider ([otel.GetMeterProvider]) at the time of [NewClient].
+// Client only.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return clientOnly("WithMeterProvider", func(c *config) { c.meterProvider = mp })
+}
+
+// telemetry holds one Client's tracer and instruments, made once.
+type telemetry struct {
+	tracer   trace.Tracer
+	wait     metric.Float64Histogram
+	hold     metric.Float64Histogram
+	acquired metric.Int64Counter
+	lost     metric.Int64Counter
+	held     metric.Int64UpDownCounter
+	commands metric.Int64Counter
+
+	byOutcome map[string]metric.MeasurementOption
+	byCause   map[string]metric.MeasurementOption
+}
+
+func newTelemetry(cfg *config) (*telemetry, error) {
+	tp, mp := cfg.tracerProvider, cfg.meterProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	t := &telemetry{tracer: tp.Tracer(scopeName, trace.WithInstrumentationVersion(Version))}
+	m := mp.Meter(scopeName, metric.WithInstrumentationVersion(Version))
+	var errs [6]error
+	t.wait, errs[0] = m.Float64Histogram("dlock.lock.wait.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time spent in Lock and TryLock, by outcome."))
+	t.hold, errs[1] = m.Float64Histogram("dlock.lease.hold.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time from acquiring a lease to its end."))
+	t.acquired, errs[2] = m.Int64Counter("dlock.lock.acquisitions", metric.WithUnit("{acquisition}"),
+		metric.WithDescription("Leases acquired."))
+	t.lost, errs[3] = m.Int64Counter("dlock.lease.lost", metric.WithUnit("{lease}"),
+		metric.WithDescription("Leases lost, by cause."))
+	t.held, errs[4] = m.Int64UpDownCounter("dlock.leases.held", metric.WithUnit("{lease}"),
+		metric.WithDescription("Leases held now."))
+	t.commands, errs[5] = m.Int64Counter("dlock.commands", metric.WithUnit("{command}"),
+		metric.WithDescription("Commands sent to the server."))
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	t.byOutcome = map[string]metric.MeasurementOption{}
+	for _, o := range []string{outcomeAcquired, outcomeLocked, outcomeCancelled, outcomeError} {
+		t.byOutcome[o] = metric.WithAttributeSet(attribute.NewSet(attrOutcome.String(o)))
+	}
+	t.byCause = map[string]metric.MeasurementOption{}
+	for _, c := range []string{causeExpired, causeStolen} {
+		t.byCause[c] = metric.WithAttributeSet(attribute.NewSet(attrCause.String(c)))
+	}
+	return t, nil
+}
+
+func (t *telemetry) countCommands(ctx context.Context, n int) { t.commands.Add(ctx, int64(n)) }
+
+// lockSpan starts the span of one Lock or TryLock call.
+func (t *telemetry) lockSpan(ctx context.Context, name, key, owner string) (context.Context, trace.Span) {
+	ctx, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient))
+	if span.IsRecording() {
+		span.SetAttributes(attrKey.String(key), attrOwner.String(owner))
+	}
+	return ctx, span
+}
+
+// endLock records the end of a Lock or TryLock call.
+func (t *telemetry) endLock(ctx context.Context, span trace.Span, start time.Time, attempts int, l *Lease, err error) {
+	outcome := outcomeOf(ctx, err)
+	t.wait.Record(ctx, time.Since(start).Seconds(), t.byOutcome[outcome])
+	if l != nil {
+		t.acquired.Add(ctx, 1)
+		t.held.Add(ctx, 1)
+	}
+	if span.IsRecording() {
+		span.SetAttributes(attrAttempts.Int(attempts), attrOutcome.String(outcome))
+		if l != nil {
+			span.SetAttributes(attrToken.Int64(int64(l.token)))
+		}
+		if outcome == outcomeError {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+	}
+	span.End()
+}
+
+func outcomeOf(ctx context.Context, err error) string {
+	switch {
+	case err == nil:
+		return outcomeAcquired
+	case errors.Is(err, ErrLocked):
+		return outcomeLocked
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		return outcomeCancelled
+	default:
+		return outcomeError
+	}
+}
+
+// endLease records the end of a lease: its hold time, and a span when lost.
+func (t *telemetry) endLease(l *Lease, held time.Duration, lostCause string, err error) {
+	ctx := context.Background()
+	t.hold.Record(ctx, held.Seconds())
+	t.held.Add(ctx, -1)
+	if lostCause == "" {
+		return
+	}
+	t.lost.Add(ctx, 1, t.byCause[lostCause])
+	_, span := t.tracer.Start(ctx, "dlock.LeaseLost")
+	if span.IsRecording() {
+		span.SetAttributes(attrKey.String(l.key), attrOwner.String(l.c.owner),
+			attrToken.Int64(int64(l.token)), attrCause.String(lostCause))
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
+
+// releaseSpan starts the span of one Unlock or Release call.
+func (t *telemetry) releaseSpan(ctx context.Context, l *Lease) (context.Context, trace.Span) {
+	ctx, span := t.tracer.Start(ctx, "dlock.Release", trace.WithSpanKind(trace.SpanKindClient))
+	if span.IsRecording() {
+		span.SetAttributes(attrKey.String(l.key), attrOwner.String(l.c.owner), attrToken.Int64(int64(l.token)))
+	}
+	return ctx, span
+}
+
+func endSpan(span trace.Span, err error) {
+	if err != nil && span.IsRecording() {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
