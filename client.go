@@ -77,6 +77,9 @@ func NewClient(coll *mongo.Collection, opts ...Option) (*Client, error) {
 		slots: map[string]*slot{}, closing: make(chan struct{}),
 	}
 	c.store = newMongoStore(coll, tel.countCommands)
+	if cfg.wrapStore != nil {
+		c.store = cfg.wrapStore(c.store)
+	}
 	c.ext = newExtender(c)
 	return c, nil
 }

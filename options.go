@@ -45,6 +45,7 @@ type config struct {
 	clock          clock
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
+	wrapStore      func(store) store // tests: inject faults
 
 	forMutex bool // applying options for one Mutex
 	err      error
@@ -124,6 +125,11 @@ func WithOwner(id string) Option {
 // drift clients' clocks. Client only.
 func withClock(k clock) Option {
 	return clientOnly("withClock", func(c *config) { c.clock = k })
+}
+
+// withStoreWrapper wraps the Client's store; tests use it to inject faults.
+func withStoreWrapper(wrap func(store) store) Option {
+	return clientOnly("withStoreWrapper", func(c *config) { c.wrapStore = wrap })
 }
 
 func (c *config) validate() error {

@@ -56,7 +56,7 @@ func Start(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	fcfg := &ferretdb.Config{
-		Logger:    slog.New(slog.NewTextHandler(cfg.Log, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Logger:    slog.New(slog.NewTextHandler(cfg.Log, &slog.HandlerOptions{Level: slog.LevelError + 4})),
 		Handler:   "sqlite",
 		SQLiteURL: "file:" + filepath.Clean(cfg.Dir) + "/",
 	}

@@ -1,0 +1,62 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// errInjected stands for a network failure: transient, outcome unknown.
+var errInjected = errors.New("injected fault")
+
+// faultyStore wraps a store and fails chosen operations.
+type faultyStore struct {
+	store
+	failExtend   atomic.Bool // extensions fail without reaching the server
+	loseExtReply atomic.Bool // extensions apply, but their replies are lost
+	extends      atomic.Int64
+	mu           sync.Mutex
+	onExtend     func()
+}
+
+func (f *faultyStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error) {
+	f.extends.Add(1)
+	f.mu.Lock()
+	hook := f.onExtend
+	f.mu.Unlock()
+	if hook != nil {
+		defer hook()
+	}
+	if f.failExtend.Load() {
+		return nil, errInjected
+	}
+	ok, err := f.store.extend(ctx, refs)
+	if err == nil && f.loseExtReply.Load() {
+		return nil, errInjected
+	}
+	return ok, err
+}
+
+func withFaults(f *faultyStore) Option {
+	return withStoreWrapper(func(s store) store { f.store = s; return f })
+}
+
+// crash makes a Client behave as if its process died: no more writes of
+// its own reach the server, and nothing is released.
+func (f *faultyStore) crash() { f.failExtend.Store(true) }
+
+func waitClosed(ch <-chan struct{}, d time.Duration) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+	}
+	select {
+	case <-ch:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}

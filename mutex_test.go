@@ -1,0 +1,471 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+)
+
+// readDoc returns the lock document for key.
+func readDoc(t *testing.T, coll *mongo.Collection, key string) lockDoc {
+	t.Helper()
+	var d lockDoc
+	require.NoError(t, coll.FindOne(context.Background(), bson.D{{Key: "_id", Value: key}}).Decode(&d))
+	return d
+}
+
+// Behaviour 1: at most one holder at a time, across Clients, Mutex values
+// and goroutines sharing one Mutex.
+func TestExclusion(t *testing.T) {
+	coll := newColl(t)
+	ctx := context.Background()
+	clients := []*Client{newClient(t, coll, WithBackoff(time.Millisecond, 20*time.Millisecond)), newClient(t, coll, WithBackoff(time.Millisecond, 20*time.Millisecond)), newClient(t, coll, WithBackoff(time.Millisecond, 20*time.Millisecond))}
+	shared := clients[0].NewMutex("k")
+	var holders, maxHolders, total atomic.Int64
+	var lastToken atomic.Uint64
+	var wg sync.WaitGroup
+	work := func(m *Mutex) {
+		defer wg.Done()
+		for i := 0; i < 15; i++ {
+			if err := m.Lock(ctx); err != nil {
+				t.Error(err)
+				return
+			}
+			n := holders.Add(1)
+			if n > maxHolders.Load() {
+				maxHolders.Store(n)
+			}
+			tok := uint64(m.Lease().Token())
+			if prev := lastToken.Swap(tok); prev >= tok {
+				t.Errorf("token %d after %d", tok, prev)
+			}
+			total.Add(1)
+			holders.Add(-1)
+			if err := m.Unlock(ctx); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}
+	for _, c := range clients {
+		for range 2 {
+			wg.Add(1)
+			go work(c.NewMutex("k")) // two Mutex values per Client
+		}
+	}
+	for range 2 {
+		wg.Add(1)
+		go work(shared) // goroutines sharing one Mutex
+	}
+	wg.Wait()
+	assert.EqualValues(t, 1, maxHolders.Load(), "holders at once")
+	assert.EqualValues(t, 8*15, total.Load())
+	assert.Equal(t, "", readDoc(t, coll, "k").Owner, "left held")
+}
+
+// Behaviour 2: a cancelled Lock returns the context's error promptly and
+// leaves nothing held.
+func TestLockCancelled(t *testing.T) {
+	coll := newColl(t)
+	a, b := newClient(t, coll), newClient(t, coll)
+	ctx := context.Background()
+	require.NoError(t, a.NewMutex("k").Lock(ctx))
+
+	for _, tc := range []struct {
+		name string
+		ctx  func() (context.Context, context.CancelFunc)
+		want error
+	}{
+		{"deadline", func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 50*time.Millisecond) }, context.DeadlineExceeded},
+		{"cancel", func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(ctx)
+			time.AfterFunc(50*time.Millisecond, cancel)
+			return ctx, cancel
+		}, context.Canceled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := tc.ctx()
+			defer cancel()
+			start := time.Now()
+			err := b.NewMutex("k").Lock(ctx)
+			require.ErrorIs(t, err, tc.want)
+			assert.Less(t, time.Since(start), time.Second, "returned promptly")
+		})
+	}
+	// A Lock cancelled while its acquire is in flight gives the hold back.
+	free := newColl(t)
+	c := newClient(t, free)
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err := c.store.acquire(cctx, "x", c.owner, time.Minute, 0)
+	require.ErrorIs(t, err, context.Canceled)
+	m := c.NewMutex("y")
+	cctx, cancel = context.WithCancel(ctx)
+	c2 := newClient(t, free, withStoreWrapper(func(s store) store { return &cancelAfterAcquire{store: s, cancel: cancel} }))
+	err = c2.NewMutex("y").Lock(cctx)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Equal(t, "", readDoc(t, free, "y").Owner, "a hold won as ctx ended must be given back")
+	require.NoError(t, m.TryLock(ctx), "key is free again")
+}
+
+// cancelAfterAcquire applies the acquire and then cancels the caller's
+// context and reports the cancellation: the reply "lost" to a cancel.
+type cancelAfterAcquire struct {
+	store
+	cancel context.CancelFunc
+}
+
+func (s *cancelAfterAcquire) acquire(ctx context.Context, key, owner string, ttl time.Duration, takeover int64) (record, error) {
+	if _, err := s.store.acquire(ctx, key, owner, ttl, takeover); err != nil {
+		return record{}, err
+	}
+	s.cancel()
+	return record{}, ctx.Err()
+}
+
+// Behaviour 3: when extensions keep failing, the lease is lost at its local
+// deadline, before another client can take the key.
+func TestLostBeforeTakeover(t *testing.T) {
+	coll := newColl(t)
+	ttl := 300 * time.Millisecond
+	f := &faultyStore{}
+	a := newClient(t, coll, WithTTL(ttl), withFaults(f))
+	b := newClient(t, coll, WithBackoff(time.Millisecond, 5*time.Millisecond))
+	ctx := context.Background()
+	ma := a.NewMutex("k")
+	require.NoError(t, ma.Lock(ctx))
+	l := ma.Lease()
+	lctx := l.Context()
+	f.crash()
+
+	var lostAt atomic.Int64
+	go func() { <-l.Lost(); lostAt.Store(time.Now().UnixNano()) }()
+	require.NoError(t, b.NewMutex("k").Lock(ctx))
+	took := time.Now()
+	require.True(t, waitClosed(l.Lost(), 0), "Lost must be closed before another client acquires")
+	require.True(t, waitClosed(l.Done(), 0))
+	require.ErrorIs(t, l.Err(), ErrLeaseLost)
+	require.ErrorIs(t, l.Err(), errInjected, "the cause is the failed extension")
+	require.ErrorIs(t, context.Cause(lctx), ErrLeaseLost)
+	if at := lostAt.Load(); at != 0 {
+		t.Logf("lost-to-takeover margin: %v (TTL %v)", took.Sub(time.Unix(0, at)), ttl)
+	}
+	// The old holder's late release changes nothing for the new holder.
+	err := ma.Unlock(ctx)
+	require.ErrorIs(t, err, ErrLeaseLost)
+	assert.Equal(t, b.owner, readDoc(t, coll, "k").Owner)
+}
+
+// Behaviour 4: exclusion with clocks hours apart and running at rates 1%
+// apart: a holder that stops extending loses its lease before a waiter
+// with a fast clock takes over.
+func TestSkewedClocks(t *testing.T) {
+	coll := newColl(t)
+	ttl := 400 * time.Millisecond
+	for _, tc := range []struct {
+		name                       string
+		holderOffset, waiterOffset time.Duration
+		holderRate, waiterRate     float64
+	}{
+		{"holder slow, waiter fast", -3 * time.Hour, 5 * time.Hour, 1 - MaxClockDrift, 1 + MaxClockDrift},
+		{"holder fast, waiter slow", 7 * time.Hour, -9 * time.Hour, 1 + MaxClockDrift, 1 - MaxClockDrift},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &faultyStore{}
+			a := newClient(t, coll, WithTTL(ttl), withFaults(f), withClock(newSkewedClock(tc.holderOffset, tc.holderRate)))
+			b := newClient(t, coll, WithBackoff(time.Millisecond, 5*time.Millisecond), withClock(newSkewedClock(tc.waiterOffset, tc.waiterRate)))
+			ctx := context.Background()
+			ma := a.NewMutex(tc.name)
+			require.NoError(t, ma.Lock(ctx))
+			f.crash()
+			require.NoError(t, b.NewMutex(tc.name).Lock(ctx))
+			require.True(t, waitClosed(ma.Lease().Lost(), 0), "holder still believed it held the key")
+		})
+	}
+}
+
+// Behaviour 5: tokens strictly increase across release, takeover, handoff
+// and new Clients.
+func TestTokensIncrease(t *testing.T) {
+	coll := newColl(t)
+	ctx := context.Background()
+	var seen []Token
+	note := func(m *Mutex) { seen = append(seen, m.Lease().Token()) }
+
+	a := newClient(t, coll)
+	m := a.NewMutex("k")
+	require.NoError(t, m.Lock(ctx))
+	note(m)
+	require.NoError(t, m.Unlock(ctx)) // release
+	require.NoError(t, m.Lock(ctx))
+	note(m)
+	require.NoError(t, a.Close(ctx)) // release by Close
+
+	f := &faultyStore{}
+	b := newClient(t, coll, WithTTL(200*time.Millisecond), withFaults(f)) // a new Client
+	mb := b.NewMutex("k")
+	require.NoError(t, mb.Lock(ctx))
+	note(mb)
+	f.crash()
+	c := newClient(t, coll)
+	mc := c.NewMutex("k")
+	require.NoError(t, mc.Lock(ctx)) // takeover after expiry
+	note(mc)
+
+	// Handoff inside one Client.
+	mc2 := c.NewMutex("k")
+	got := make(chan error)
+	go func() { got <- mc2.Lock(ctx) }()
+	waitQueued(t, c, "k")
+	require.NoError(t, mc.Unlock(ctx))
+	require.NoError(t, <-got)
+	note(mc2)
+	for i := 1; i < len(seen); i++ {
+		assert.Greater(t, seen[i], seen[i-1], "tokens %v", seen)
+	}
+}
+
+// waitQueued waits until a goroutine is queued for key in c.
+func waitQueued(t *testing.T, c *Client, key string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.slots[key] != nil && len(c.slots[key].waiters) > 0
+	}, 5*time.Second, time.Millisecond)
+}
+
+// Behaviour 6: one command for an uncontended Lock, one for Unlock, one for
+// an extension; a local handoff costs one command in all.
+func TestRoundTrips(t *testing.T) {
+	coll := newColl(t)
+	ctx := context.Background()
+	extended := make(chan struct{}, 1)
+	f := &faultyStore{}
+	f.onExtend = func() {
+		select {
+		case extended <- struct{}{}:
+		default:
+		}
+	}
+	c := newClient(t, coll, WithTTL(3*time.Second), WithExtendInterval(time.Second), withFaults(f))
+	m := c.NewMutex("k")
+
+	mark := commands.total.Load()
+	require.NoError(t, m.Lock(ctx))
+	assert.EqualValues(t, 1, commands.since(mark), "commands per uncontended Lock")
+
+	mark = commands.total.Load()
+	<-extended
+	assert.EqualValues(t, 1, commands.since(mark), "commands per extension")
+
+	mark = commands.total.Load()
+	require.NoError(t, m.Unlock(ctx))
+	assert.EqualValues(t, 1, commands.since(mark), "commands per Unlock")
+
+	require.NoError(t, m.Lock(ctx))
+	m2 := c.NewMutex("k")
+	got := make(chan error)
+	go func() { got <- m2.Lock(ctx) }()
+	waitQueued(t, c, "k")
+	mark = commands.total.Load()
+	require.NoError(t, m.Unlock(ctx))
+	require.NoError(t, <-got)
+	assert.EqualValues(t, 1, commands.since(mark), "commands per local handoff (Unlock + the waiter's Lock)")
+	require.NoError(t, m2.Unlock(ctx))
+}
+
+// Behaviour 7: release is conditional; Unlock twice; an extension whose
+// reply is lost does not cost the lease.
+func TestReleaseAndExtendAreConditional(t *testing.T) {
+	coll := newColl(t)
+	ctx := context.Background()
+	c := newClient(t, coll)
+	m := c.NewMutex("k")
+	require.NoError(t, m.Lock(ctx))
+	require.NoError(t, m.Unlock(ctx))
+	require.ErrorIs(t, m.Unlock(ctx), ErrNotHeld)
+
+	// A hostile Client that knows the key cannot release or extend it.
+	require.NoError(t, m.Lock(ctx))
+	held := readDoc(t, coll, "k")
+	evil := newClient(t, coll)
+	for _, ref := range []leaseRef{
+		{key: "k", owner: evil.owner, token: Token(held.Token)},
+		{key: "k", owner: evil.owner, token: Token(held.Token) + 1},
+		{key: "k", owner: held.Owner, token: Token(held.Token) - 1},
+	} {
+		require.ErrorIs(t, evil.store.release(ctx, ref), errNotOwner)
+		ok, err := evil.store.extend(ctx, []leaseRef{ref})
+		require.NoError(t, err)
+		assert.Equal(t, []bool{false}, ok)
+	}
+	assert.Equal(t, held, readDoc(t, coll, "k"), "document unchanged")
+	require.ErrorIs(t, evil.NewMutex("k").TryLock(ctx), ErrLocked)
+
+	// Lost extension replies: the extension applied, the lease lives on.
+	f := &faultyStore{}
+	f.loseExtReply.Store(true)
+	d := newClient(t, coll, WithTTL(300*time.Millisecond), withFaults(f))
+	md := d.NewMutex("lostreply")
+	require.NoError(t, md.Lock(ctx))
+	for f.extends.Load() < 2 {
+		time.Sleep(time.Millisecond) // polling a counter the extender bumps
+	}
+	f.loseExtReply.Store(false)
+	for n := f.extends.Load(); f.extends.Load() < n+2; {
+		time.Sleep(time.Millisecond) // polling a counter the extender bumps
+	}
+	require.NoError(t, md.Lease().Err(), "an extension whose reply was lost must not cost the lease")
+	require.NoError(t, md.Unlock(ctx))
+}
+
+// Behaviour 8: a crashed holder blocks others for at most a TTL after its
+// last write; a holder abandoned more than a TTL ago (by the server's
+// clock) is taken over at once.
+func TestCrashedHolder(t *testing.T) {
+	coll := newColl(t)
+	ctx := context.Background()
+	ttl := 500 * time.Millisecond
+	f := &faultyStore{}
+	a := newClient(t, coll, WithTTL(ttl), withFaults(f))
+	b := newClient(t, coll, WithBackoff(time.Millisecond, 10*time.Millisecond))
+	require.NoError(t, a.NewMutex("k").Lock(ctx))
+	crashed := time.Now()
+	f.crash()
+	require.NoError(t, b.NewMutex("k").Lock(ctx))
+	blocked := time.Since(crashed)
+	t.Logf("crashed holder blocked others for %v (TTL %v)", blocked, ttl)
+	assert.Less(t, blocked, 2*ttl)
+
+	// Abandoned long ago: a newcomer's TryLock takes it at once.
+	g := &faultyStore{}
+	a2 := newClient(t, coll, WithTTL(ttl), withFaults(g))
+	require.NoError(t, a2.NewMutex("old").Lock(ctx))
+	g.crash()
+	time.Sleep(ttl + 50*time.Millisecond) // the scenario: the holder died more than a TTL ago
+	c := newClient(t, coll)
+	mark := commands.total.Load()
+	start := time.Now()
+	require.NoError(t, c.NewMutex("old").TryLock(ctx))
+	t.Logf("abandoned lock taken in %v with %d commands", time.Since(start), commands.since(mark))
+	assert.EqualValues(t, 4, commands.since(mark), "acquire, read, server time, takeover")
+}
+
+// Behaviour 9: lock writes use majority write concern.
+func TestMajorityWriteConcern(t *testing.T) {
+	coll := newColl(t)
+	c := newClient(t, coll)
+	require.NoError(t, c.NewMutex("k").Lock(context.Background()))
+	commands.mu.Lock()
+	defer commands.mu.Unlock()
+	var found bool
+	for _, e := range commands.last {
+		if e.CommandName == "findAndModify" {
+			found = true
+			w := e.Command.Lookup("writeConcern", "w")
+			assert.Equal(t, "majority", w.StringValue(), "write concern of %s", e.Command)
+		}
+	}
+	assert.True(t, found)
+}
+
+// Behaviour 11: bad input gets a clear error.
+func TestBadInput(t *testing.T) {
+	coll := newColl(t)
+	ctx := context.Background()
+	_, err := NewClient(nil)
+	require.ErrorIs(t, err, ErrInvalidOption)
+	for _, tc := range []struct {
+		name string
+		opts []Option
+	}{
+		{"zero TTL", []Option{WithTTL(0)}},
+		{"negative TTL", []Option{WithTTL(-time.Second)}},
+		{"cadence equal to TTL", []Option{WithTTL(time.Second), WithExtendInterval(time.Second)}},
+		{"cadence zero", []Option{WithExtendInterval(0)}},
+		{"backoff inverted", []Option{WithBackoff(time.Second, time.Millisecond)}},
+		{"empty owner", []Option{WithOwner("")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := NewClient(coll, tc.opts...)
+			require.ErrorIs(t, err, ErrInvalidOption)
+			c := newClient(t, coll)
+			require.ErrorIs(t, c.NewMutex("k", tc.opts...).Lock(ctx), ErrInvalidOption)
+		})
+	}
+	c := newClient(t, coll)
+	require.ErrorIs(t, c.NewMutex("k", WithOwner("x")).Lock(ctx), ErrInvalidOption, "client-only option on a Mutex")
+	for _, tc := range []struct{ name, key string }{
+		{"empty", ""},
+		{"too long", strings.Repeat("x", MaxKeyLen+1)},
+		{"NUL", "a\x00b"},
+		{"invalid UTF-8", "a\xffb"},
+	} {
+		t.Run("key "+tc.name, func(t *testing.T) {
+			m := c.NewMutex(tc.key)
+			require.ErrorIs(t, m.Lock(ctx), ErrInvalidKey)
+			require.ErrorIs(t, m.TryLock(ctx), ErrInvalidKey)
+			require.ErrorIs(t, m.Unlock(ctx), ErrNotHeld)
+		})
+	}
+	for _, key := range []string{"$where", "a.b", "$", strings.Repeat("é", MaxKeyLen/2), "日本"} {
+		m := c.NewMutex(key)
+		require.NoError(t, m.Lock(ctx), "key %q", key)
+		assert.Equal(t, c.owner, readDoc(t, coll, key).Owner)
+		require.NoError(t, m.Unlock(ctx))
+	}
+
+	// Use after Close.
+	d := newClient(t, coll)
+	m := d.NewMutex("held")
+	require.NoError(t, m.Lock(ctx))
+	l := m.Lease()
+	require.NoError(t, d.Close(ctx))
+	require.True(t, waitClosed(l.Done(), 0))
+	require.ErrorIs(t, l.Err(), ErrReleased)
+	assert.False(t, waitClosed(l.Lost(), 0), "Close is a clean release")
+	assert.Equal(t, "", readDoc(t, coll, "held").Owner, "Close released the key")
+	require.ErrorIs(t, m.Lock(ctx), ErrClosed)
+	require.ErrorIs(t, d.NewMutex("other").TryLock(ctx), ErrClosed)
+	require.ErrorIs(t, d.Close(ctx), ErrClosed)
+}
+
+// Close wakes waiting Lock calls with ErrClosed.
+func TestCloseWakesWaiters(t *testing.T) {
+	coll := newColl(t)
+	ctx := context.Background()
+	a := newClient(t, coll)
+	require.NoError(t, a.NewMutex("k").Lock(ctx))
+	b := newClient(t, coll)
+	errs := make(chan error, 2)
+	go func() { errs <- b.NewMutex("k").Lock(ctx) }() // polls the server
+	go func() { errs <- b.NewMutex("k").Lock(ctx) }() // queued locally
+	waitQueued(t, b, "k")
+	require.NoError(t, b.Close(ctx))
+	for range 2 {
+		require.ErrorIs(t, <-errs, ErrClosed)
+	}
+}
+
+func TestErrorsWrap(t *testing.T) {
+	lost := fmt.Errorf("outer: %w", &LeaseLostError{Key: "k", Token: 3, Cause: errInjected})
+	assert.ErrorIs(t, lost, ErrLeaseLost)
+	assert.ErrorIs(t, lost, errInjected)
+	var lle *LeaseLostError
+	require.ErrorAs(t, lost, &lle)
+	assert.Equal(t, Token(3), lle.Token)
+	stale := fmt.Errorf("outer: %w", &StaleTokenError{Token: 2, Highest: 5})
+	assert.ErrorIs(t, stale, ErrStaleToken)
+	assert.False(t, errors.Is(stale, ErrLeaseLost))
+}
