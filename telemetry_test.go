@@ -1,0 +1,183 @@
+package dlock
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+)
+
+type telemetryRig struct {
+	spans  *tracetest.SpanRecorder
+	reader *sdkmetric.ManualReader
+	opts   []Option
+}
+
+func newTelemetryRig() *telemetryRig {
+	r := &telemetryRig{spans: tracetest.NewSpanRecorder(), reader: sdkmetric.NewManualReader()}
+	r.opts = []Option{
+		WithTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(r.spans))),
+		WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(r.reader))),
+	}
+	return r
+}
+
+func (r *telemetryRig) ended(name string) []sdktrace.ReadOnlySpan {
+	var out []sdktrace.ReadOnlySpan
+	for _, s := range r.spans.Ended() {
+		if s.Name() == name {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
+	m := map[attribute.Key]attribute.Value{}
+	for _, kv := range s.Attributes() {
+		m[kv.Key] = kv.Value
+	}
+	return m
+}
+
+// metrics collects the metrics, by name.
+func (r *telemetryRig) metrics(t *testing.T) map[string]metricdata.Metrics {
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, r.reader.Collect(context.Background(), &rm))
+	out := map[string]metricdata.Metrics{}
+	for _, sm := range rm.ScopeMetrics {
+		assert.Equal(t, scopeName, sm.Scope.Name)
+		assert.Equal(t, Version, sm.Scope.Version)
+		for _, m := range sm.Metrics {
+			out[m.Name] = m
+		}
+	}
+	return out
+}
+
+func sum(t *testing.T, m metricdata.Metrics, want attribute.KeyValue) int64 {
+	t.Helper()
+	var n int64
+	switch d := m.Data.(type) {
+	case metricdata.Sum[int64]:
+		for _, p := range d.DataPoints {
+			if v, ok := p.Attributes.Value(want.Key); want.Key == "" || ok && v == want.Value {
+				n += p.Value
+			}
+		}
+	case metricdata.Histogram[float64]:
+		for _, p := range d.DataPoints {
+			if v, ok := p.Attributes.Value(want.Key); want.Key == "" || ok && v == want.Value {
+				n += int64(p.Count)
+			}
+		}
+	default:
+		t.Fatalf("%s: unexpected data %T", m.Name, m.Data)
+	}
+	return n
+}
+
+func TestTelemetryLockSpans(t *testing.T) {
+	rig := newTelemetryRig()
+	coll := newColl(t)
+	ctx := context.Background()
+	holder := newClient(t, coll)
+	c := newClient(t, coll, append(rig.opts, WithBackoff(time.Millisecond, 5*time.Millisecond))...)
+	require.NoError(t, holder.NewMutex("k").Lock(ctx))
+
+	tracer := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rig.spans)).Tracer("test")
+	pctx, parent := tracer.Start(ctx, "request")
+
+	// Locked: TryLock's outcome is "locked", not an error.
+	require.ErrorIs(t, c.NewMutex("k").TryLock(pctx), ErrLocked)
+	// Cancelled: a wait that ends with its context is not an error either.
+	cctx, cancel := context.WithTimeout(pctx, 30*time.Millisecond)
+	require.ErrorIs(t, c.NewMutex("k").Lock(cctx), context.DeadlineExceeded)
+	cancel()
+	// Acquired after waiting: the holder lets go while we wait.
+	m := c.NewMutex("k")
+	done := make(chan error)
+	go func() { done <- m.Lock(pctx) }()
+	time.AfterFunc(20*time.Millisecond, func() { holder.NewMutex("k"); holder.Close(ctx) })
+	require.NoError(t, <-done)
+	require.NoError(t, m.Unlock(pctx))
+	parent.End()
+
+	try := rig.ended("dlock.TryLock")
+	require.Len(t, try, 1)
+	assert.Equal(t, "locked", attrs(try[0])[attrOutcome].AsString())
+	assert.Equal(t, codes.Unset, try[0].Status().Code)
+
+	locks := rig.ended("dlock.Lock")
+	require.Len(t, locks, 2)
+	cancelled, acquired := attrs(locks[0]), attrs(locks[1])
+	assert.Equal(t, "cancelled", cancelled[attrOutcome].AsString())
+	assert.Equal(t, codes.Unset, locks[0].Status().Code, "cancellation is not an error")
+	assert.Equal(t, "acquired", acquired[attrOutcome].AsString())
+	assert.Equal(t, "k", acquired[attrKey].AsString())
+	assert.Equal(t, c.Owner(), acquired[attrOwner].AsString())
+	assert.Greater(t, acquired[attrAttempts].AsInt64(), int64(1), "attempts counted, not a span each")
+	assert.Positive(t, acquired[attrToken].AsInt64())
+	for _, s := range append(append(try, locks...), rig.ended("dlock.Release")...) {
+		assert.Equal(t, parent.SpanContext().SpanID(), s.Parent().SpanID(), "%s is a child of the caller's span", s.Name())
+		assert.Equal(t, parent.SpanContext().TraceID(), s.SpanContext().TraceID())
+	}
+	require.Len(t, rig.ended("dlock.Release"), 1)
+	assert.Len(t, rig.spans.Ended(), 5, "one span per call, none per attempt (plus the parent)")
+
+	ms := rig.metrics(t)
+	wait := ms["dlock.lock.wait.duration"]
+	assert.EqualValues(t, 1, sum(t, wait, attrOutcome.String("acquired")))
+	assert.EqualValues(t, 1, sum(t, wait, attrOutcome.String("locked")))
+	assert.EqualValues(t, 1, sum(t, wait, attrOutcome.String("cancelled")))
+	assert.EqualValues(t, 1, sum(t, ms["dlock.lock.acquisitions"], attribute.KeyValue{}))
+	assert.EqualValues(t, 0, sum(t, ms["dlock.leases.held"], attribute.KeyValue{}))
+	assert.EqualValues(t, 1, sum(t, ms["dlock.lease.hold.duration"], attribute.KeyValue{}))
+	assert.Positive(t, sum(t, ms["dlock.commands"], attribute.KeyValue{}))
+}
+
+func TestTelemetryLostLease(t *testing.T) {
+	rig := newTelemetryRig()
+	coll := newColl(t)
+	ctx := context.Background()
+	f := &faultyStore{}
+	c := newClient(t, coll, append(rig.opts, WithTTL(200*time.Millisecond), withFaults(f))...)
+	m := c.NewMutex("k")
+	require.NoError(t, m.Lock(ctx))
+	assert.EqualValues(t, 1, sum(t, rig.metrics(t)["dlock.leases.held"], attribute.KeyValue{}))
+	f.crash()
+	<-m.Lease().Lost()
+	// Lost closes first; the span follows (telling the holder comes first).
+	require.Eventually(t, func() bool { return len(rig.ended("dlock.LeaseLost")) == 1 }, 5*time.Second, time.Millisecond)
+	lost := rig.ended("dlock.LeaseLost")
+	a := attrs(lost[0])
+	assert.Equal(t, "expired", a[attrCause].AsString())
+	assert.Equal(t, int64(m.Lease().Token()), a[attrToken].AsInt64())
+	assert.Equal(t, codes.Error, lost[0].Status().Code)
+	ms := rig.metrics(t)
+	assert.EqualValues(t, 1, sum(t, ms["dlock.lease.lost"], attrCause.String("expired")))
+	assert.EqualValues(t, 0, sum(t, ms["dlock.leases.held"], attribute.KeyValue{}))
+	require.ErrorIs(t, m.Unlock(ctx), ErrLeaseLost)
+}
+
+// Commands counted by telemetry agree with the driver's command monitor.
+func TestTelemetryCommands(t *testing.T) {
+	rig := newTelemetryRig()
+	c := newClient(t, newColl(t), rig.opts...)
+	ctx := context.Background()
+	mark := commands.total.Load()
+	m := c.NewMutex("k")
+	for range 3 {
+		require.NoError(t, m.Lock(ctx))
+		require.NoError(t, m.Unlock(ctx))
+	}
+	assert.EqualValues(t, commands.since(mark), sum(t, rig.metrics(t)["dlock.commands"], attribute.KeyValue{}))
+}
