@@ -15,7 +15,7 @@ type clock interface {
 
 type systemClock struct{}
 
-func (systemClock) Now() time.Time                         { return time.Now() }
+func (systemClock) Now() time.Time                       { return time.Now() }
 func (systemClock) NewTimer(d time.Duration) *time.Timer { return time.NewTimer(d) }
 
 // skewedClock runs at rate times real time, offset by a constant: what a
