@@ -227,17 +227,15 @@ func (c *Client) next(key string) *waiter {
 // with no w, to the first waiter, or frees it.
 func (c *Client) leave(key string, w *waiter, l *Lease) {
 	if w == nil {
-		if w = c.next(key); w == nil {
-			c.mu.Lock()
-			s := c.slots[key]
-			if len(s.waiters) == 0 {
-				delete(c.slots, key)
-				c.mu.Unlock()
-				return
-			}
+		c.mu.Lock()
+		s := c.slots[key]
+		if len(s.waiters) == 0 {
+			delete(c.slots, key) // in the same critical section as the check
 			c.mu.Unlock()
-			w = c.next(key) // a waiter queued since: give it the slot
+			return
 		}
+		w, s.waiters = s.waiters[0], s.waiters[1:]
+		c.mu.Unlock()
 	}
 	w.ch <- l
 }
@@ -250,7 +248,6 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 	if errors.Is(lostErr, ErrReleased) { // ended by Close
 		return ErrClosed
 	}
-	c.ext.remove(l)
 	w := c.next(l.key)
 	if w != nil && lostErr == nil {
 		sent := c.clock.Now()

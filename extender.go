@@ -46,6 +46,7 @@ func (e *extender) add(l *Lease) bool {
 		return false
 	}
 	e.leases[l] = struct{}{}
+	e.c.tel.held.Add(context.Background(), 1)
 	select {
 	case e.wake <- struct{}{}:
 	default:
@@ -53,16 +54,19 @@ func (e *extender) add(l *Lease) bool {
 	return true
 }
 
-func (e *extender) remove(l *Lease) {
+// remove stops keeping l alive; it reports whether l was live.
+func (e *extender) remove(l *Lease) bool {
 	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, live := e.leases[l]
 	delete(e.leases, l)
-	e.mu.Unlock()
+	return live
 }
 
 // shutdown stops the goroutine, waits for it, and returns the leases held.
 func (e *extender) shutdown() []*Lease {
 	e.mu.Lock()
-	e.closed = true
+	e.closed = true // leases stay in the map until ended, so end() sees them live
 	leases := make([]*Lease, 0, len(e.leases))
 	for l := range e.leases {
 		leases = append(leases, l)
@@ -141,14 +145,14 @@ func (e *extender) scan(now time.Time, want bool) (expired, batch []*Lease, wake
 	}
 	for l := range e.leases {
 		l.mu.Lock()
-		deadline, next, every := l.deadline, l.next, l.every
+		deadline, next, every, returned := l.deadline, l.next, l.every, l.returned
 		l.mu.Unlock()
 		if !now.Before(deadline) {
 			expired = append(expired, l)
 			continue
 		}
 		soon(deadline)
-		if !want {
+		if !want || returned { // a lease being released is not extended
 			continue
 		}
 		if !now.Before(next) {
@@ -190,7 +194,7 @@ func (e *extender) apply(r extendResult) {
 	now := e.c.clock.Now()
 	for i, l := range r.batch {
 		switch {
-		case l.ended() != nil:
+		case l.ended() != nil || l.returning():
 		case r.err != nil:
 			l.failed(now, r.err)
 		case r.ok[i]:

@@ -126,6 +126,14 @@ func (l *Lease) Release(ctx context.Context) error {
 	return err
 }
 
+// returning reports whether Release was called: the release, not an
+// extension racing it, decides how the lease ends.
+func (l *Lease) returning() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.returned
+}
+
 // expire ends the lease as lost at its deadline.
 func (l *Lease) expire() {
 	l.mu.Lock()
@@ -163,8 +171,9 @@ func (l *Lease) end(err error, lostCause string) bool {
 		l.cancel(err)
 	}
 	l.mu.Unlock()
-	l.c.ext.remove(l)
-	l.c.tel.endLease(l, l.c.clock.Now().Sub(l.acquired), lostCause, err)
+	if l.c.ext.remove(l) {
+		l.c.tel.endLease(l, l.c.clock.Now().Sub(l.acquired), lostCause, err)
+	}
 	return true
 }
 

@@ -110,7 +110,7 @@ func (m *Mutex) lock(ctx context.Context, name string, try bool) (err error) {
 			l = nil
 			return fmt.Errorf("dlock: lock %q: %w", m.key, err)
 		}
-	} else if l.ended() != nil { // handed over as the Client closed
+	} else if errors.Is(l.ended(), ErrReleased) { // handed over as the Client closed
 		l = nil
 		return fmt.Errorf("dlock: lock %q: %w", m.key, ErrClosed)
 	}

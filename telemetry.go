@@ -128,7 +128,6 @@ func (t *telemetry) endLock(ctx context.Context, span trace.Span, start time.Tim
 	t.wait.Record(ctx, time.Since(start).Seconds(), t.byOutcome[outcome])
 	if l != nil {
 		t.acquired.Add(ctx, 1)
-		t.held.Add(ctx, 1)
 	}
 	if span.IsRecording() {
 		span.SetAttributes(attrAttempts.Int(attempts), attrOutcome.String(outcome))
@@ -156,7 +155,8 @@ func outcomeOf(ctx context.Context, err error) string {
 	}
 }
 
-// endLease records the end of a lease: its hold time, and a span when lost.
+// endLease records the end of a live lease: its hold time, and a span when
+// lost. (The extender counts leases in and out of dlock.leases.held.)
 func (t *telemetry) endLease(l *Lease, held time.Duration, lostCause string, err error) {
 	ctx := context.Background()
 	t.hold.Record(ctx, held.Seconds())

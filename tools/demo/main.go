@@ -12,6 +12,7 @@ import (
 	"io"
 	"log"
 	"net"
+	"net/url"
 	"os"
 	"sync"
 	"time"
@@ -135,9 +136,9 @@ type relay struct {
 func newRelay(uri string) *relay {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	check(err)
-	u, err := (&options.ClientOptions{}).ApplyURI(uri), error(nil)
+	u, err := url.Parse(uri)
 	check(err)
-	r := &relay{ln: ln, target: u.Hosts[0]}
+	r := &relay{ln: ln, target: u.Host}
 	go r.accept()
 	return r
 }

@@ -1,0 +1,250 @@
+package dlock
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+)
+
+// Run: go test -run '^$' -bench . -count 6 | tee new.txt ; benchstat new.txt
+// Every figure is reported beside the floor measured in the same run.
+
+func reportCommands(b *testing.B, mark int64, per int) {
+	b.ReportMetric(float64(commands.since(mark))/float64(per), "cmds/op")
+}
+
+// BenchmarkFloor: the writes an acquire and a release must make, with the
+// raw driver: a conditional upsert and a conditional update.
+func BenchmarkFloor(b *testing.B) {
+	for _, distinct := range []bool{false, true} {
+		b.Run(map[bool]string{false: "key=one", true: "key=distinct"}[distinct], func(b *testing.B) {
+			coll := newColl(b).Database().Collection(newColl(b).Name(),
+				options.Collection().SetWriteConcern(writeconcern.Majority()))
+			ctx := context.Background()
+			owner := randomOwner()
+			b.ReportAllocs()
+			mark := commands.total.Load()
+			key, i := "k", 0
+			for b.Loop() {
+				if distinct {
+					i++
+					key = fmt.Sprint("k", i)
+				}
+				err := coll.FindOneAndUpdate(ctx,
+					bson.D{{Key: "_id", Value: key}, {Key: "$or", Value: bson.A{bson.D{{Key: fOwner, Value: ""}}, bson.D{{Key: fOwner, Value: owner}}}}},
+					newHold(owner, time.Minute), upsertAfter).Err()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: key}, {Key: fOwner, Value: owner}}, free); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportCommands(b, mark, b.N)
+		})
+	}
+}
+
+// BenchmarkLockUnlock: uncontended Lock+Unlock, on one key and on a new
+// key each time; and with explicit no-op telemetry providers, to compare
+// with the default (the global providers, no-op when nobody set them).
+func BenchmarkLockUnlock(b *testing.B) {
+	for _, tc := range []struct {
+		name     string
+		distinct bool
+		opts     []Option
+	}{
+		{"key=one", false, nil},
+		{"key=distinct", true, nil},
+		{"key=one/telemetry=noop", false, []Option{WithTracerProvider(tracenoop.NewTracerProvider()), WithMeterProvider(metricnoop.NewMeterProvider())}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			c := newClient(b, newColl(b), tc.opts...)
+			ctx := context.Background()
+			m := c.NewMutex("k")
+			b.ReportAllocs()
+			mark := commands.total.Load()
+			i := 0
+			for b.Loop() {
+				if tc.distinct {
+					i++
+					m = c.NewMutex(fmt.Sprint("k", i))
+				}
+				if err := m.Lock(ctx); err != nil {
+					b.Fatal(err)
+				}
+				if err := m.Unlock(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportCommands(b, mark, b.N)
+		})
+	}
+}
+
+// BenchmarkContentionLocal: G goroutines share one Client and one key.
+// They queue in the Client; each Unlock hands the hold to the next in one
+// command. One op is one acquisition.
+func BenchmarkContentionLocal(b *testing.B) {
+	for _, g := range []int{8, 64} {
+		b.Run(fmt.Sprintf("G=%d", g), func(b *testing.B) {
+			c := newClient(b, newColl(b))
+			ctx := context.Background()
+			var left atomic.Int64
+			left.Store(int64(b.N))
+			mark := commands.total.Load()
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			for range g {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					m := c.NewMutex("k")
+					for left.Add(-1) >= 0 {
+						if err := m.Lock(ctx); err != nil {
+							b.Error(err)
+							return
+						}
+						if err := m.Unlock(ctx); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			reportCommands(b, mark, b.N)
+		})
+	}
+}
+
+// BenchmarkContentionClients: C separate Clients (as separate processes
+// would be) on one key. Reports acquisitions per second, commands per
+// acquisition and the handoff latency from one Unlock to the next Lock.
+func BenchmarkContentionClients(b *testing.B) {
+	for _, n := range []int{2, 8} {
+		b.Run(fmt.Sprintf("C=%d", n), func(b *testing.B) {
+			coll := newColl(b)
+			ctx := context.Background()
+			var left atomic.Int64
+			left.Store(int64(b.N))
+			var mu sync.Mutex
+			var released time.Time
+			var handoffs []time.Duration
+			mark := commands.total.Load()
+			start := time.Now()
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			for range n {
+				c := newClient(b, coll)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					m := c.NewMutex("k")
+					for left.Add(-1) >= 0 {
+						if err := m.Lock(ctx); err != nil {
+							b.Error(err)
+							return
+						}
+						mu.Lock()
+						if !released.IsZero() {
+							handoffs = append(handoffs, time.Since(released))
+						}
+						mu.Unlock()
+						if err := m.Unlock(ctx); err != nil {
+							b.Error(err)
+							return
+						}
+						mu.Lock()
+						released = time.Now()
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			reportCommands(b, mark, b.N)
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "acq/s")
+			if len(handoffs) > 0 {
+				slices.Sort(handoffs)
+				b.ReportMetric(float64(handoffs[len(handoffs)/2].Microseconds())/1000, "handoff-p50-ms")
+				b.ReportMetric(float64(handoffs[len(handoffs)*99/100].Microseconds())/1000, "handoff-p99-ms")
+			}
+		})
+	}
+}
+
+// BenchmarkManyLeases: one Client holds N leases. One op is one extension
+// cadence: it reports the commands the cadence cost, heap bytes per held
+// lease, and CPU time per cadence.
+func BenchmarkManyLeases(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
+			f := &faultyStore{}
+			batches := make(chan struct{}, 1)
+			f.onExtend = func() {
+				select {
+				case batches <- struct{}{}:
+				default:
+				}
+			}
+			coll := newColl(b)
+			ctx := context.Background()
+			// Lock documents made beforehand: a first insert costs far more
+			// than an update on this server, and is not what is measured here.
+			docs := make([]any, n)
+			for i := range docs {
+				docs[i] = bson.D{{Key: "_id", Value: fmt.Sprint("lease-", i)}, {Key: fOwner, Value: ""}, {Key: fToken, Value: int64(0)}, {Key: fRev, Value: int64(0)}}
+			}
+			if _, err := coll.InsertMany(ctx, docs); err != nil {
+				b.Fatal(err)
+			}
+			c := newClient(b, coll, WithTTL(30*time.Second), WithExtendInterval(time.Second), withFaults(f))
+			runtime.GC()
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			mutexes := make([]*Mutex, n)
+			for i := range mutexes {
+				mutexes[i] = c.NewMutex(fmt.Sprint("lease-", i))
+				if err := mutexes[i].Lock(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(n), "heap-B/lease")
+			select { // drop a batch seen while locking
+			case <-batches:
+			default:
+			}
+			<-batches // a cadence boundary
+			mark := commands.total.Load()
+			cpu0 := cpuTime()
+			b.ResetTimer()
+			for b.Loop() {
+				<-batches
+			}
+			b.StopTimer()
+			reportCommands(b, mark, b.N)
+			b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N)/1000, "cpu-ms/cadence")
+			for _, m := range mutexes {
+				if m.Lease().Err() != nil {
+					b.Fatal("a lease was lost")
+				}
+			}
+			c.Close(ctx)
+		})
+	}
+}
