@@ -194,7 +194,7 @@ func BenchmarkManyLeases(b *testing.B) {
 		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
 			f := &faultyStore{}
 			batches := make(chan struct{}, 1)
-			f.onExtend = func() {
+			f.onExtend = func(extendRound) {
 				select {
 				case batches <- struct{}{}:
 				default:

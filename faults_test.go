@@ -18,21 +18,29 @@ type faultyStore struct {
 	loseExtReply atomic.Bool // extensions apply, but their replies are lost
 	extends      atomic.Int64
 	mu           sync.Mutex
-	onExtend     func()
+	onExtend     func(extendRound)
 }
 
-func (f *faultyStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error) {
+// extendRound describes one call to extend, for onExtend.
+type extendRound struct {
+	leases   int   // leases in the batch
+	commands int64 // commands sent during the call
+	err      error
+}
+
+func (f *faultyStore) extend(ctx context.Context, refs []leaseRef) (ok []bool, err error) {
 	f.extends.Add(1)
 	f.mu.Lock()
 	hook := f.onExtend
 	f.mu.Unlock()
 	if hook != nil {
-		defer hook()
+		mark := commands.total.Load()
+		defer func() { hook(extendRound{len(refs), commands.since(mark), err}) }()
 	}
 	if f.failExtend.Load() {
 		return nil, errInjected
 	}
-	ok, err := f.store.extend(ctx, refs)
+	ok, err = f.store.extend(ctx, refs)
 	if err == nil && f.loseExtReply.Load() {
 		return nil, errInjected
 	}

@@ -252,7 +252,7 @@ func TestRoundTrips(t *testing.T) {
 	ctx := context.Background()
 	extended := make(chan struct{}, 1)
 	f := &faultyStore{}
-	f.onExtend = func() {
+	f.onExtend = func(extendRound) {
 		select {
 		case extended <- struct{}{}:
 		default:
@@ -468,4 +468,38 @@ func TestErrorsWrap(t *testing.T) {
 	stale := fmt.Errorf("outer: %w", &StaleTokenError{Token: 2, Highest: 5})
 	assert.ErrorIs(t, stale, ErrStaleToken)
 	assert.False(t, errors.Is(stale, ErrLeaseLost))
+}
+
+// A Client holding more leases than FerretDB takes in one command keeps
+// them all, extending them in as few commands as the server allows: one on
+// MongoDB, a few on FerretDB (ferretBatch).
+func TestManyLeasesAreExtended(t *testing.T) {
+	const n = 2*ferretBatch + 22
+	coll := newColl(t)
+	ctx := context.Background()
+	rounds := make(chan extendRound, 100)
+	f := &faultyStore{onExtend: func(r extendRound) { rounds <- r }}
+	c := newClient(t, coll, WithTTL(5*time.Second), WithExtendInterval(time.Second), withFaults(f))
+	mutexes := make([]*Mutex, n)
+	for i := range mutexes {
+		mutexes[i] = c.NewMutex(fmt.Sprint("many-", i))
+		require.NoError(t, mutexes[i].Lock(ctx))
+	}
+	// Leases taken over a while fall into step: wait for a round of all.
+	for full := 0; full < 2; {
+		r := <-rounds
+		require.NoError(t, r.err)
+		if r.leases == n {
+			full++
+			limit := c.store.(*faultyStore).store.(*mongoStore).maxBatch
+			want := int64(1)
+			if limit > 0 {
+				want = int64((n + limit - 1) / limit)
+			}
+			assert.LessOrEqual(t, r.commands, want+1, "commands for one round (and a buildInfo once)")
+		}
+	}
+	for _, m := range mutexes {
+		require.NoError(t, m.Lease().Err())
+	}
 }

@@ -45,13 +45,15 @@ type store interface {
 	// handoff passes a hold to a new hold of the same owner with a new token
 	// and ttl; errNotOwner when ref no longer holds the key.
 	handoff(ctx context.Context, ref leaseRef, ttl time.Duration) (record, error)
-	// extend refreshes every hold in refs in one write, and reports for each
-	// whether it is still held. When some are not, it spends a second round
+	// extend refreshes every hold in refs in one write command (or a few,
+	// on servers that handle big commands badly: see ferretBatch), and
+	// reports for each whether it is still held. When some are not, it spends a second round
 	// trip to tell which.
 	extend(ctx context.Context, refs []leaseRef) ([]bool, error)
 	// release frees key if ref still holds it; errNotOwner otherwise.
 	release(ctx context.Context, ref leaseRef) error
-	// releaseAll frees, in one write, every hold in refs that is still held.
+	// releaseAll frees, in one write command (or a few, as extend), every
+	// hold in refs that is still held.
 	releaseAll(ctx context.Context, refs []leaseRef) error
 	// abandon frees key if owner holds it, whatever the token: used after
 	// an acquire whose outcome is unknown.
