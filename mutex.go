@@ -132,8 +132,10 @@ func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, 
 		w        watch
 		bo       *backoff.ExponentialBackOff
 		attempts int
-		unsure   bool  // an acquire may have applied without our seeing the reply
-		lastErr  error // the last transient failure
+		unsure   bool   // an acquire may have applied without our seeing the reply
+		lastErr  error  // the last transient failure
+		holder   record // the last holder reported to the trace
+		events   int    // holders reported
 	)
 	giveUp := func(err error) (*Lease, int, error) {
 		if unsure {
@@ -167,9 +169,15 @@ func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, 
 		}
 		if err == nil {
 			var r record
-			if r, err = c.observe(ctx, m.key, &w); err == nil && (r.free() || r.Owner == c.owner) {
+			r, err = c.observe(ctx, m.key, &w)
+			if err == nil && (r.free() || r.Owner == c.owner) {
 				attempt = true // free, or ours from an acquire whose reply was lost
 				continue
+			}
+			if err == nil && events < maxHeldEvents && (r.Owner != holder.Owner || r.Token != holder.Token) {
+				c.tel.heldBy(ctx, r)
+				holder = r
+				events++
 			}
 		}
 		now := c.clock.Now()

@@ -28,7 +28,14 @@ const (
 	attrAttempts = attribute.Key("dlock.attempts")
 	attrOutcome  = attribute.Key("dlock.outcome")
 	attrCause    = attribute.Key("dlock.lost.cause")
+
+	attrHolderOwner = attribute.Key("dlock.holder.owner")
+	attrHolderToken = attribute.Key("dlock.holder.token")
 )
+
+// maxHeldEvents bounds the dlock.held events on one Lock span: a wait
+// under heavy contention sees many holders, and a trace should stay small.
+const maxHeldEvents = 3
 
 // Outcomes of a Lock or TryLock call.
 const (
@@ -120,6 +127,15 @@ func (t *telemetry) lockSpan(ctx context.Context, name, key, owner string) (cont
 		span.SetAttributes(attrKey.String(key), attrOwner.String(owner))
 	}
 	return ctx, span
+}
+
+// heldBy notes on the Lock span in ctx who held the key when an attempt
+// found it taken: the waiter's question in a trace is "waiting for whom?".
+func (t *telemetry) heldBy(ctx context.Context, r record) {
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.AddEvent("dlock.held", trace.WithAttributes(
+			attrHolderOwner.String(r.Owner), attrHolderToken.Int64(int64(r.Token))))
+	}
 }
 
 // endLock records the end of a Lock or TryLock call.

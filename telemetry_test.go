@@ -89,7 +89,7 @@ func TestTelemetryLockSpans(t *testing.T) {
 	rig := newTelemetryRig()
 	coll := newColl(t)
 	ctx := context.Background()
-	holder := newClient(t, coll)
+	holder := newClient(t, coll, WithOwner("holder"))
 	c := newClient(t, coll, append(rig.opts, WithBackoff(time.Millisecond, 5*time.Millisecond))...)
 	require.NoError(t, holder.NewMutex("k").Lock(ctx))
 
@@ -126,6 +126,16 @@ func TestTelemetryLockSpans(t *testing.T) {
 	assert.Equal(t, c.Owner(), acquired[attrOwner].AsString())
 	assert.Greater(t, acquired[attrAttempts].AsInt64(), int64(1), "attempts counted, not a span each")
 	assert.Positive(t, acquired[attrToken].AsInt64())
+	held := locks[1].Events()
+	require.NotEmpty(t, held, "the wait names the holder")
+	assert.LessOrEqual(t, len(held), maxHeldEvents)
+	assert.Equal(t, "dlock.held", held[0].Name)
+	holderAttrs := map[attribute.Key]attribute.Value{}
+	for _, kv := range held[0].Attributes {
+		holderAttrs[kv.Key] = kv.Value
+	}
+	assert.Equal(t, holder.Owner(), holderAttrs[attrHolderOwner].AsString())
+	assert.Equal(t, acquired[attrToken].AsInt64()-1, holderAttrs[attrHolderToken].AsInt64(), "the holder's token, just before ours")
 	for _, s := range append(append(try, locks...), rig.ended("dlock.Release")...) {
 		assert.Equal(t, parent.SpanContext().SpanID(), s.Parent().SpanID(), "%s is a child of the caller's span", s.Name())
 		assert.Equal(t, parent.SpanContext().TraceID(), s.SpanContext().TraceID())

@@ -1,0 +1,166 @@
+package dlock
+
+import (
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/event"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// ackServer speaks just enough of the MongoDB wire protocol (OP_MSG) to
+// acknowledge dlock's writes at once without storing anything: every
+// update statement matches, every findAndModify returns the hold it asked
+// for. Benchmarks run a Client against it to measure the Client's own
+// costs (CPU, memory, commands) apart from the server's. It is no database:
+// nothing is checked, so no test of correctness may use it.
+type ackServer struct {
+	ln    net.Listener
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+}
+
+// newAckClient starts an ackServer and returns a collection on it, both
+// closed when the benchmark ends. Commands are counted in commands.
+func newAckClient(tb testing.TB) *mongo.Collection {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s := &ackServer{ln: ln, conns: map[net.Conn]struct{}{}}
+	s.wg.Add(1)
+	go s.accept()
+	client, err := mongo.Connect(options.Client().
+		ApplyURI("mongodb://"+ln.Addr().String()+"/?directConnection=true").
+		SetServerAPIOptions(options.ServerAPI(options.ServerAPIVersion1)). // OP_MSG from the handshake on
+		SetMonitor(&event.CommandMonitor{Started: commands.started}))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		client.Disconnect(tb.Context())
+		s.close()
+	})
+	return client.Database("ack").Collection("locks")
+}
+
+func (s *ackServer) accept() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		s.mu.Lock()
+		s.conns[c] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer c.Close()
+			for s.serve(c) == nil {
+			}
+		}()
+	}
+}
+
+func (s *ackServer) close() {
+	s.ln.Close()
+	s.mu.Lock()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+// serve reads one OP_MSG and writes its reply.
+func (s *ackServer) serve(c net.Conn) error {
+	var hdr [16]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		return err
+	}
+	size := int(binary.LittleEndian.Uint32(hdr[0:]))
+	if size < 21 || size > 48<<20 || binary.LittleEndian.Uint32(hdr[12:]) != 2013 {
+		return errors.New("ackServer: not an OP_MSG")
+	}
+	msg := make([]byte, size-16)
+	if _, err := io.ReadFull(c, msg); err != nil {
+		return err
+	}
+	var body bson.Raw
+	statements := 0
+	for rest := msg[4:]; len(rest) > 0; { // sections after the flag bits
+		kind, n := rest[0], int(binary.LittleEndian.Uint32(rest[1:]))
+		if kind == 0 {
+			body = bson.Raw(rest[1 : 1+n])
+		} else { // a document sequence: count its documents
+			for seq := rest[1+4 : 1+n]; len(seq) > 0; {
+				if seq[0] == 0 { // end of the identifier
+					seq = seq[1:]
+					for len(seq) > 0 {
+						statements++
+						seq = seq[binary.LittleEndian.Uint32(seq):]
+					}
+					break
+				}
+				seq = seq[1:]
+			}
+		}
+		rest = rest[1+n:]
+	}
+	reply, err := bson.Marshal(ack(body, statements))
+	if err != nil {
+		return err
+	}
+	out := make([]byte, 16+4+1, 16+4+1+len(reply))
+	binary.LittleEndian.PutUint32(out[0:], uint32(len(out)+len(reply)))
+	binary.LittleEndian.PutUint32(out[8:], binary.LittleEndian.Uint32(hdr[4:])) // responseTo
+	binary.LittleEndian.PutUint32(out[12:], 2013)
+	_, err = c.Write(append(out, reply...))
+	return err
+}
+
+// ack is the reply to a command: a hello, an update of any number of
+// statements, a findAndModify that grants the hold it asks for, or ok.
+func ack(cmd bson.Raw, statements int) bson.D {
+	elems, _ := cmd.Elements()
+	if len(elems) == 0 {
+		return bson.D{{Key: "ok", Value: 0}}
+	}
+	switch elems[0].Key() {
+	case "hello", "isMaster", "ismaster":
+		return bson.D{
+			{Key: "isWritablePrimary", Value: true}, {Key: "helloOk", Value: true},
+			{Key: "maxBsonObjectSize", Value: int32(16 << 20)}, {Key: "maxMessageSizeBytes", Value: int32(48000000)},
+			{Key: "maxWriteBatchSize", Value: int32(100000)}, {Key: "localTime", Value: time.Now()},
+			{Key: "logicalSessionTimeoutMinutes", Value: int32(30)},
+			{Key: "minWireVersion", Value: int32(0)}, {Key: "maxWireVersion", Value: int32(21)},
+			{Key: "ok", Value: 1.0},
+		}
+	case "update":
+		return bson.D{{Key: "n", Value: int32(statements)}, {Key: "nModified", Value: int32(statements)}, {Key: "ok", Value: 1.0}}
+	case "findAndModify":
+		set := cmd.Lookup("update", "$set")
+		return bson.D{
+			{Key: "lastErrorObject", Value: bson.D{{Key: "n", Value: int32(1)}, {Key: "updatedExisting", Value: true}}},
+			{Key: "value", Value: bson.D{
+				{Key: "_id", Value: cmd.Lookup("query", "_id")},
+				{Key: fOwner, Value: set.Document().Lookup(fOwner)},
+				{Key: fToken, Value: int64(1)}, {Key: fRev, Value: int64(1)},
+				{Key: fTTL, Value: set.Document().Lookup(fTTL)}, {Key: fAt, Value: time.Now()},
+			}},
+			{Key: "ok", Value: 1.0},
+		}
+	default:
+		return bson.D{{Key: "ok", Value: 1.0}}
+	}
+}
