@@ -31,8 +31,8 @@ func reportCommands(b *testing.B, mark int64, per int) {
 func BenchmarkFloor(b *testing.B) {
 	for _, distinct := range []bool{false, true} {
 		b.Run(map[bool]string{false: "key=one", true: "key=distinct"}[distinct], func(b *testing.B) {
-			coll := newColl(b).Database().Collection(newColl(b).Name(),
-				options.Collection().SetWriteConcern(writeconcern.Majority()))
+			coll := newColl(b)
+			coll = coll.Database().Collection(coll.Name(), options.Collection().SetWriteConcern(writeconcern.Majority()))
 			ctx := context.Background()
 			owner := randomOwner()
 			b.ReportAllocs()
@@ -133,58 +133,73 @@ func BenchmarkContentionLocal(b *testing.B) {
 }
 
 // BenchmarkContentionClients: C separate Clients (as separate processes
-// would be) on one key. Reports acquisitions per second, commands per
-// acquisition and the handoff latency from one Unlock to the next Lock.
+// would be) on one key, at the default backoff bounds and at a shorter and
+// a longer pair, the curves the defaults were chosen from. Reports
+// acquisitions per second, commands per acquisition, and the handoff
+// latency: from a call to Unlock to the return of the next Lock, in
+// another Client.
 func BenchmarkContentionClients(b *testing.B) {
+	bounds := []struct{ min, max time.Duration }{
+		{time.Millisecond, 25 * time.Millisecond},
+		{DefaultMinBackoff, DefaultMaxBackoff},
+		{20 * time.Millisecond, time.Second},
+	}
 	for _, n := range []int{2, 8} {
-		b.Run(fmt.Sprintf("C=%d", n), func(b *testing.B) {
-			coll := newColl(b)
-			ctx := context.Background()
-			var left atomic.Int64
-			left.Store(int64(b.N))
-			var mu sync.Mutex
-			var released time.Time
-			var handoffs []time.Duration
-			mark := commands.total.Load()
-			start := time.Now()
-			b.ResetTimer()
-			var wg sync.WaitGroup
-			for range n {
-				c := newClient(b, coll)
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					m := c.NewMutex("k")
-					for left.Add(-1) >= 0 {
-						if err := m.Lock(ctx); err != nil {
-							b.Error(err)
-							return
-						}
-						mu.Lock()
-						if !released.IsZero() {
-							handoffs = append(handoffs, time.Since(released))
-						}
-						mu.Unlock()
-						if err := m.Unlock(ctx); err != nil {
-							b.Error(err)
-							return
-						}
-						mu.Lock()
-						released = time.Now()
-						mu.Unlock()
-					}
-				}()
+		for _, bo := range bounds {
+			b.Run(fmt.Sprintf("C=%d/backoff=%v-%v", n, bo.min, bo.max), func(b *testing.B) {
+				benchContentionClients(b, n, WithBackoff(bo.min, bo.max))
+			})
+		}
+	}
+}
+
+func benchContentionClients(b *testing.B, n int, opts ...Option) {
+	coll := newColl(b)
+	ctx := context.Background()
+	clients := make([]*Client, n)
+	for i := range clients {
+		clients[i] = newClient(b, coll, opts...)
+	}
+	var left atomic.Int64
+	left.Store(int64(b.N))
+	var mu sync.Mutex
+	var unlocking time.Time // when the last holder called Unlock
+	var handoffs []time.Duration
+	mark := commands.total.Load()
+	start := time.Now()
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for _, c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m := c.NewMutex("k")
+			for left.Add(-1) >= 0 {
+				if err := m.Lock(ctx); err != nil {
+					b.Error(err)
+					return
+				}
+				mu.Lock()
+				if !unlocking.IsZero() {
+					handoffs = append(handoffs, time.Since(unlocking))
+				}
+				unlocking = time.Now()
+				mu.Unlock()
+				if err := m.Unlock(ctx); err != nil {
+					b.Error(err)
+					return
+				}
 			}
-			wg.Wait()
-			b.StopTimer()
-			reportCommands(b, mark, b.N)
-			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "acq/s")
-			if len(handoffs) > 0 {
-				slices.Sort(handoffs)
-				b.ReportMetric(float64(handoffs[len(handoffs)/2].Microseconds())/1000, "handoff-p50-ms")
-				b.ReportMetric(float64(handoffs[len(handoffs)*99/100].Microseconds())/1000, "handoff-p99-ms")
-			}
-		})
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	reportCommands(b, mark, b.N)
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "acq/s")
+	if len(handoffs) > 0 {
+		slices.Sort(handoffs)
+		b.ReportMetric(float64(handoffs[len(handoffs)/2].Microseconds())/1000, "handoff-p50-ms")
+		b.ReportMetric(float64(handoffs[len(handoffs)*99/100].Microseconds())/1000, "handoff-p99-ms")
 	}
 }
 

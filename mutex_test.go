@@ -310,8 +310,15 @@ func TestReleaseAndExtendAreConditional(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, []bool{false}, ok)
 	}
+	// Nor can it through the public API.
+	em := evil.NewMutex("k")
+	require.ErrorIs(t, em.Unlock(ctx), ErrNotHeld)
+	require.ErrorIs(t, em.TryLock(ctx), ErrLocked)
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	require.ErrorIs(t, em.Lock(short), context.DeadlineExceeded)
+	cancel()
 	assert.Equal(t, held, readDoc(t, coll, "k"), "document unchanged")
-	require.ErrorIs(t, evil.NewMutex("k").TryLock(ctx), ErrLocked)
+	require.NoError(t, m.Lease().Err())
 
 	// Lost extension replies: the extension applied, the lease lives on.
 	f := &faultyStore{}

@@ -3,11 +3,13 @@
 // register through fenced writes; then one worker freezes past its lease,
 // another takes over, and the frozen one's late write is rejected by the
 // fence. It runs against MONGODB_URI when set, else an embedded server.
+// With -trace it prints dlock's OpenTelemetry spans as they end.
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log"
@@ -27,7 +29,12 @@ import (
 const key = "nightly-report"
 
 func main() {
+	traces := flag.Bool("trace", false, "print dlock's spans (one line each) as they end")
+	flag.Parse()
 	ctx := context.Background()
+	if *traces {
+		defer traceToStdout()(ctx)
+	}
 	uri := os.Getenv("MONGODB_URI")
 	if uri == "" {
 		dir, err := os.MkdirTemp("", "dlock-demo-")

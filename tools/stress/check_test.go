@@ -1,0 +1,185 @@
+package stress
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// readHistory parses a history file.
+func readHistory(path string) ([]event, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var events []event
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var e event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			return nil, fmt.Errorf("history line %q: %w", sc.Text(), err)
+		}
+		events = append(events, e)
+	}
+	return events, sc.Err()
+}
+
+// report is what a history shows.
+type report struct {
+	holds, reads, writes     int
+	accepted, stale, unknown int
+	violations               []string
+}
+
+// checkExclusion: for each key, every instant at which a holder saw its
+// lease valid precedes every instant at which a holder with a newer token
+// saw its own valid. Two holders never both believed they held the key.
+func checkExclusion(events []event, r *report) {
+	type span struct{ first, last int64 }
+	holds := map[string]map[uint64]*span{}
+	for _, e := range events {
+		if e.Op != opValid {
+			continue
+		}
+		if holds[e.Key] == nil {
+			holds[e.Key] = map[uint64]*span{}
+		}
+		s := holds[e.Key][e.Tok]
+		if s == nil {
+			s = &span{e.T, e.T}
+			holds[e.Key][e.Tok] = s
+			r.holds++
+		}
+		s.first, s.last = min(s.first, e.T), max(s.last, e.T)
+	}
+	for key, byTok := range holds {
+		toks := slices.Sorted(func(yield func(uint64) bool) {
+			for t := range byTok {
+				if !yield(t) {
+					return
+				}
+			}
+		})
+		var lastOlder int64 = math.MinInt64
+		var olderTok uint64
+		for _, t := range toks {
+			if s := byTok[t]; s.first <= lastOlder {
+				r.violations = append(r.violations, fmt.Sprintf(
+					"%s: token %d valid at %d, token %d still valid at %d", key, t, s.first, olderTok, lastOlder))
+			}
+			if s := byTok[t]; s.last > lastOlder {
+				lastOlder, olderTok = s.last, t
+			}
+		}
+	}
+}
+
+// Register operations for porcupine.
+type (
+	regInput struct {
+		write bool
+		tok   uint64
+		v     int64
+	}
+	regState struct {
+		v     int64
+		fence uint64 // highest token admitted
+	}
+)
+
+// registerModel: a register behind a fence. A write is admitted when its
+// token is at least the highest admitted so far; a write whose outcome is
+// unknown may or may not have been applied.
+var registerModel = (&porcupine.NondeterministicModel{
+	Init:      func() []any { return []any{regState{}} },
+	Step: func(state, input, output any) []any {
+		s, in := state.(regState), input.(regInput)
+		if !in.write {
+			if output.(int64) == s.v {
+				return []any{s}
+			}
+			return nil
+		}
+		admitted := in.tok >= s.fence
+		next := regState{v: in.v, fence: in.tok}
+		switch res := output.(string); {
+		case res == resOK && admitted:
+			return []any{next}
+		case res == resStale && !admitted:
+			return []any{s}
+		case res == resUnknown && admitted:
+			return []any{s, next}
+		case res == resUnknown:
+			return []any{s}
+		}
+		return nil
+	},
+}).ToModel()
+
+// checkRegisters checks, for each key, that the register's history is
+// linearizable (porcupine), that no two admitted writes wrote the same
+// value (a lost update), and that the final value is what the admitted
+// writes, plus any of unknown outcome, account for. end stands for the
+// return of operations a killed process never finished.
+func checkRegisters(events []event, final map[string]int64, end int64, r *report) {
+	calls := map[int]event{}
+	ops := map[string][]porcupine.Operation{}
+	written := map[string]map[int64]int{}
+	accepted, unknown := map[string]int64{}, map[string]int64{}
+	for _, e := range events {
+		switch e.Op {
+		case opReadCall, opWriteCall:
+			calls[e.ID] = e
+		case opReadRet:
+			c := calls[e.ID]
+			delete(calls, e.ID)
+			r.reads++
+			ops[c.Key] = append(ops[c.Key], porcupine.Operation{ClientId: c.P, Input: regInput{}, Call: c.T, Output: e.V, Return: e.T})
+		case opWriteRet:
+			c := calls[e.ID]
+			delete(calls, e.ID)
+			r.writes++
+			ops[c.Key] = append(ops[c.Key], porcupine.Operation{ClientId: c.P, Input: regInput{true, c.Tok, c.V}, Call: c.T, Output: e.Res, Return: e.T})
+			switch e.Res {
+			case resOK:
+				r.accepted++
+				accepted[c.Key]++
+				if written[c.Key] == nil {
+					written[c.Key] = map[int64]int{}
+				}
+				if written[c.Key][c.V]++; written[c.Key][c.V] > 1 {
+					r.violations = append(r.violations, fmt.Sprintf("%s: value %d written twice: a lost update", c.Key, c.V))
+				}
+			case resStale:
+				r.stale++
+			default:
+				r.unknown++
+				unknown[c.Key]++
+			}
+		}
+	}
+	for _, c := range calls { // calls of killed processes: no return
+		if c.Op == opWriteCall {
+			r.writes++
+			r.unknown++
+			unknown[c.Key]++
+			ops[c.Key] = append(ops[c.Key], porcupine.Operation{ClientId: c.P, Input: regInput{true, c.Tok, c.V}, Call: c.T, Output: resUnknown, Return: end})
+		}
+	}
+	for key, h := range ops {
+		if !porcupine.CheckOperations(registerModel, h) {
+			r.violations = append(r.violations, fmt.Sprintf("%s: register history of %d operations is not linearizable", key, len(h)))
+		}
+	}
+	for key, v := range final {
+		if v < accepted[key] || v > accepted[key]+unknown[key] {
+			r.violations = append(r.violations, fmt.Sprintf("%s: final value %d, but %d writes admitted (%d unknown)", key, v, accepted[key], unknown[key]))
+		}
+	}
+}

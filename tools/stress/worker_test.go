@@ -1,0 +1,191 @@
+package stress
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// A worker is this test binary run again as a separate process (see
+// TestMain), with its own Client. Its settings come from the environment.
+const (
+	envMode  = "DLOCK_STRESS_MODE" // "worker" or "frozen"
+	envURI   = "DLOCK_STRESS_URI"
+	envDB    = "DLOCK_STRESS_DB"
+	envProc  = "DLOCK_STRESS_PROC"  // process number, unique in a run
+	envKeys  = "DLOCK_STRESS_KEYS"  // number of keys contended for
+	envUntil = "DLOCK_STRESS_UNTIL" // stop time, Unix nanoseconds
+	envLog   = "DLOCK_STRESS_LOG"   // history file, appended to
+)
+
+const ttl = time.Second
+
+// event is one line of a worker's history. T is the machine's wall clock,
+// which every process here shares, in Unix nanoseconds.
+type event struct {
+	P   int    `json:"p"`             // process
+	Op  string `json:"op"`            // see the op* constants
+	Key string `json:"k,omitempty"`   // lock key and register
+	Tok uint64 `json:"tok,omitempty"` // fencing token of the hold
+	ID  int    `json:"id,omitempty"`  // pairs a call with its return
+	V   int64  `json:"v,omitempty"`   // value read, or value written
+	Res string `json:"res,omitempty"` // outcome of a write
+	T   int64  `json:"t"`
+}
+
+const (
+	opValid     = "valid"      // the holder checked its lease: valid at T or later
+	opReadCall  = "read-call"  // reading the register
+	opReadRet   = "read-ret"   // V is the value read
+	opWriteCall = "write-call" // writing V to the register, fenced by Tok
+	opWriteRet  = "write-ret"  // Res: resOK, resStale or resUnknown
+)
+
+const (
+	resOK      = "ok"
+	resStale   = "stale"
+	resUnknown = "unknown" // failed without a verdict: it may have applied
+)
+
+// history appends events to a file, one write(2) per line, so that a
+// killed process leaves every line it finished.
+type history struct {
+	f    *os.File
+	proc int
+}
+
+func (h *history) log(e event) {
+	e.P = h.proc
+	b, _ := json.Marshal(e)
+	h.f.Write(append(b, '\n'))
+}
+
+func now() int64 { return time.Now().UnixNano() }
+
+func connectFromEnv() (*mongo.Database, error) {
+	c, err := mongo.Connect(options.Client().ApplyURI(os.Getenv(envURI)).
+		SetServerSelectionTimeout(5 * time.Second).SetTimeout(5 * time.Second))
+	if err != nil {
+		return nil, err
+	}
+	return c.Database(os.Getenv(envDB)), nil
+}
+
+// runWorker contends for the keys until the stop time. Inside each hold it
+// reads the key's register and writes it back plus one, fenced by the
+// hold's token, recording every step.
+func runWorker() error {
+	db, err := connectFromEnv()
+	if err != nil {
+		return err
+	}
+	proc, _ := strconv.Atoi(os.Getenv(envProc))
+	keys, _ := strconv.Atoi(os.Getenv(envKeys))
+	until, _ := strconv.ParseInt(os.Getenv(envUntil), 10, 64)
+	f, err := os.OpenFile(os.Getenv(envLog), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	h := &history{f: f, proc: proc}
+	c, err := dlock.NewClient(db.Collection("locks"), dlock.WithTTL(ttl))
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.Background())
+	data := db.Collection("data")
+	seq := 0
+	for now() < until {
+		key := fmt.Sprint("key-", rand.IntN(keys))
+		ctx, cancel := context.WithDeadline(context.Background(), time.Unix(0, until))
+		mu := c.NewMutex(key)
+		err := mu.Lock(ctx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		l := mu.Lease()
+		tok := uint64(l.Token())
+		valid := func() bool {
+			t := now() // before the check: valid then if valid at the check
+			if l.Err() != nil {
+				return false
+			}
+			h.log(event{Op: opValid, Key: key, Tok: tok, T: t})
+			return true
+		}
+		if valid() {
+			seq++
+			id := proc*1_000_000 + seq
+			h.log(event{Op: opReadCall, Key: key, Tok: tok, ID: id, T: now()})
+			var reg struct{ Value int64 }
+			if err := data.FindOne(l.Context(), bson.D{{Key: "_id", Value: key}}).Decode(&reg); err == nil {
+				h.log(event{Op: opReadRet, ID: id, V: reg.Value, T: now()})
+				time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond) // the work
+				if valid() {
+					seq++
+					id := proc*1_000_000 + seq
+					h.log(event{Op: opWriteCall, Key: key, Tok: tok, ID: id, V: reg.Value + 1, T: now()})
+					res := write(data, key, reg.Value+1, l.Token())
+					h.log(event{Op: opWriteRet, ID: id, Res: res, T: now()})
+				}
+			}
+		}
+		mu.Unlock(context.Background())
+	}
+	return nil
+}
+
+// write sets the register to v, fenced by t, and says what became of it.
+// It does not use the lease's context: a write that a pause delayed past
+// the lease must still reach the register, for the fence to judge it.
+func write(data *mongo.Collection, key string, v int64, t dlock.Token) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := dlock.UpdateFenced(ctx, data, bson.D{{Key: "_id", Value: key}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "value", Value: v}}}}, t)
+	switch {
+	case err == nil:
+		return resOK
+	case errors.Is(err, dlock.ErrStaleToken):
+		return resStale
+	default:
+		return resUnknown
+	}
+}
+
+// runFrozen takes the key "frozen", says "held <token>" on stdout, waits for
+// a line on stdin (the parent stops and resumes it meanwhile), then reports
+// its lease's state and writes the register with its old token.
+func runFrozen() error {
+	db, err := connectFromEnv()
+	if err != nil {
+		return err
+	}
+	c, err := dlock.NewClient(db.Collection("locks"), dlock.WithTTL(ttl))
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.Background())
+	mu := c.NewMutex("frozen")
+	if err := mu.Lock(context.Background()); err != nil {
+		return err
+	}
+	l := mu.Lease()
+	fmt.Printf("held %d\n", l.Token())
+	bufio.NewReader(os.Stdin).ReadString('\n')
+	lost := errors.Is(l.Err(), dlock.ErrLeaseLost)
+	res := write(db.Collection("data"), "frozen", 1000, l.Token())
+	fmt.Printf("lost=%v write=%s\n", lost, res)
+	return nil
+}
