@@ -32,7 +32,7 @@ type Client struct {
 	closed  bool
 	closing chan struct{}
 
-	serverClock serverClockState
+	serverClock serverClock
 }
 
 // A slot queues this Client's callers for one key, so that they wait here

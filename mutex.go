@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -120,9 +119,6 @@ func (m *Mutex) lock(ctx context.Context, name string, try bool) (err error) {
 	return nil
 }
 
-// serverClockState records whether the server reports its clock.
-type serverClockState struct{ unsupported atomic.Bool }
-
 // acquire takes the key for m, holding this Client's slot for it. It
 // returns the lease, the number of acquire attempts, and an error when ctx
 // ended, the Client closed, the key is held (with try) or the server failed
@@ -217,22 +213,29 @@ func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, 
 }
 
 // observe reads key's record into w. When the record's revision is new to
-// w and the server reports its clock, it also reads the server's clock, so
-// that a record written long ago (by the server's clock) can be taken over
-// without waiting a further TTL.
+// w, it also estimates the server's clock (reading it when the last reading
+// is over a TTL old), so that a record written long ago by the server's
+// clock can be taken over without waiting a further TTL.
 func (c *Client) observe(ctx context.Context, key string, w *watch) (record, error) {
 	r, err := c.store.read(ctx, key)
 	if err != nil || r.free() || r.Owner == c.owner {
 		return r, err
 	}
 	elapsed := time.Duration(-1)
-	if r.Rev != w.rev && !c.serverClock.unsupported.Load() {
-		switch now, ok, err := c.store.serverTime(ctx); {
-		case err != nil:
-			// Not fatal: wait a full TTL on our own clock instead.
-		case !ok:
-			c.serverClock.unsupported.Store(true)
-		default:
+	if r.Rev != w.rev && c.serverClock.reported() {
+		now, ok := c.serverClock.estimate(c.clock.Now(), r.TTL)
+		if !ok {
+			switch t, reported, err := c.store.serverTime(ctx); {
+			case err != nil:
+				// Not fatal: wait a full TTL on our own clock instead.
+			case !reported:
+				c.serverClock.markUnsupported()
+			default:
+				c.serverClock.record(t, c.clock.Now())
+				now, ok = t, true
+			}
+		}
+		if ok {
 			elapsed = now.Sub(r.At)
 		}
 	}
