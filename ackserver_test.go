@@ -39,7 +39,7 @@ func newAckClient(tb testing.TB) *mongo.Collection {
 	s.wg.Add(1)
 	go s.accept()
 	client, err := mongo.Connect(options.Client().
-		ApplyURI("mongodb://"+ln.Addr().String()+"/?directConnection=true").
+		ApplyURI("mongodb://" + ln.Addr().String() + "/?directConnection=true").
 		SetServerAPIOptions(options.ServerAPI(options.ServerAPIVersion1)). // OP_MSG from the handshake on
 		SetMonitor(&event.CommandMonitor{Started: commands.started}))
 	if err != nil {

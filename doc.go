@@ -32,9 +32,11 @@
 // of true time make the holder's reliance end first. The ttl used is the
 // one the holder wrote into the document.
 //
-// A waiter also reads the server's clock (the hello command's localTime)
-// when it first sees a revision, and counts the server time elapsed since
-// the server stamped that revision ($currentDate) towards its wait. Both
+// A waiter also knows the server's clock (the hello command's localTime,
+// read at most once per TTL and carried forward between readings as a
+// lower bound that allows for both clocks' drift), and counts the server
+// time elapsed since the server stamped the revision it sees ($currentDate)
+// towards its wait. Both
 // stamps come from one clock, the server's, so a key abandoned more than a
 // TTL ago is taken at once. On a replica set this assumes that a new primary
 // elected between the two stamps has a clock that agrees with the old one

@@ -97,7 +97,7 @@ type (
 // token is at least the highest admitted so far; a write whose outcome is
 // unknown may or may not have been applied.
 var registerModel = (&porcupine.NondeterministicModel{
-	Init:      func() []any { return []any{regState{}} },
+	Init: func() []any { return []any{regState{}} },
 	Step: func(state, input, output any) []any {
 		s, in := state.(regState), input.(regInput)
 		if !in.write {

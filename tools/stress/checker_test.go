@@ -1,0 +1,35 @@
+package stress
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+// The checker has teeth: histories with an overlap of holders, a lost
+// update, or a stale write admitted are each reported.
+func TestCheckerCatchesViolations(t *testing.T) {
+	rw := func(p, id int, tok uint64, t0 int64, read int64, res string) []event {
+		return []event{
+			{P: p, Op: opValid, Key: "k", Tok: tok, T: t0},
+			{P: p, Op: opReadCall, Key: "k", Tok: tok, ID: id, T: t0 + 1},
+			{P: p, Op: opReadRet, ID: id, V: read, T: t0 + 2},
+			{P: p, Op: opWriteCall, Key: "k", Tok: tok, ID: id + 1, V: read + 1, T: t0 + 3},
+			{P: p, Op: opWriteRet, ID: id + 1, Res: res, T: t0 + 4},
+		}
+	}
+	check := func(final int64, events ...[]event) report {
+		var all []event
+		for _, e := range events {
+			all = append(all, e...)
+		}
+		var r report
+		checkExclusion(all, &r)
+		checkRegisters(all, map[string]int64{"k": final}, 1000, &r)
+		return r
+	}
+	assert.Empty(t, check(2, rw(1, 10, 1, 0, 0, resOK), rw(2, 20, 2, 10, 1, resOK)).violations, "a correct history")
+	assert.NotEmpty(t, check(1, rw(1, 10, 1, 0, 0, resOK), rw(2, 20, 2, 1, 0, resOK)).violations, "overlapping holders, lost update")
+	assert.NotEmpty(t, check(1, rw(2, 20, 2, 0, 0, resOK), rw(1, 10, 1, 10, 1, resOK)).violations, "older token admitted after a newer one")
+	assert.NotEmpty(t, check(5, rw(1, 10, 1, 0, 0, resOK)).violations, "final value unaccounted for")
+}
