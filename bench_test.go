@@ -59,20 +59,27 @@ func BenchmarkFloor(b *testing.B) {
 }
 
 // BenchmarkLockUnlock: uncontended Lock+Unlock, on one key and on a new
-// key each time; and with explicit no-op telemetry providers, to compare
-// with the default (the global providers, no-op when nobody set them).
+// key each time; with explicit no-op telemetry providers, to compare with
+// the default (the global providers, no-op when nobody set them); and
+// against the stub server, where the time is the Client's own.
 func BenchmarkLockUnlock(b *testing.B) {
 	for _, tc := range []struct {
 		name     string
 		distinct bool
+		ack      bool
 		opts     []Option
 	}{
-		{"key=one", false, nil},
-		{"key=distinct", true, nil},
-		{"key=one/telemetry=noop", false, []Option{WithTracerProvider(tracenoop.NewTracerProvider()), WithMeterProvider(metricnoop.NewMeterProvider())}},
+		{"key=one", false, false, nil},
+		{"key=distinct", true, false, nil},
+		{"key=one/telemetry=noop", false, false, []Option{WithTracerProvider(tracenoop.NewTracerProvider()), WithMeterProvider(metricnoop.NewMeterProvider())}},
+		{"key=one/server=ack", false, true, nil},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			c := newClient(b, newColl(b), tc.opts...)
+			coll := newColl(b)
+			if tc.ack {
+				coll = newAckClient(b)
+			}
+			c := newClient(b, coll, tc.opts...)
 			ctx := context.Background()
 			m := c.NewMutex("k")
 			b.ReportAllocs()
@@ -95,6 +102,29 @@ func BenchmarkLockUnlock(b *testing.B) {
 	}
 }
 
+// BenchmarkTelemetry: the telemetry calls that one Lock+Unlock makes, with
+// the default providers, alone: what a dlock without telemetry would save.
+// Compare with BenchmarkLockUnlock/key=one/server=ack, the Client's own
+// cost of a Lock+Unlock (mutex.go, lease.go and extender.go make these
+// calls; keep the two in step).
+func BenchmarkTelemetry(b *testing.B) {
+	c := newClient(b, newAckClient(b))
+	tel, ctx := c.tel, context.Background()
+	l := &Lease{c: c, key: "k", token: 1}
+	b.ReportAllocs()
+	for b.Loop() {
+		start := time.Now()
+		lctx, span := tel.lockSpan(ctx, "dlock.Lock", l.key, c.owner)
+		tel.countCommands(lctx, 1)
+		tel.endLock(lctx, span, start, 1, l, nil)
+		tel.held.Add(ctx, 1)
+		rctx, rspan := tel.releaseSpan(ctx, l)
+		tel.countCommands(rctx, 1)
+		tel.endLease(l, time.Since(start), "", nil)
+		endSpan(rspan, nil)
+	}
+}
+
 // BenchmarkContentionLocal: G goroutines share one Client and one key.
 // They queue in the Client; each Unlock hands the hold to the next in one
 // command. One op is one acquisition.
@@ -104,7 +134,7 @@ func BenchmarkContentionLocal(b *testing.B) {
 			c := newClient(b, newColl(b))
 			mark := commands.total.Load()
 			b.ResetTimer()
-			contend(b, slices.Repeat([]*Client{c}, g), func() {})
+			contend(b, slices.Repeat([]*Client{c}, g), func(time.Duration) {})
 			b.StopTimer()
 			reportCommands(b, mark, b.N)
 		})
@@ -112,8 +142,9 @@ func BenchmarkContentionLocal(b *testing.B) {
 }
 
 // contend runs one goroutine per entry of clients, each with its own Mutex
-// for the key "k", until b.N acquisitions in all; held runs inside each hold.
-func contend(b *testing.B, clients []*Client, held func()) {
+// for the key "k", until b.N acquisitions in all; held runs inside each
+// hold, told how long its Lock took.
+func contend(b *testing.B, clients []*Client, held func(waited time.Duration)) {
 	ctx := context.Background()
 	var left atomic.Int64
 	left.Store(int64(b.N))
@@ -122,11 +153,12 @@ func contend(b *testing.B, clients []*Client, held func()) {
 		wg.Go(func() {
 			m := c.NewMutex("k")
 			for left.Add(-1) >= 0 {
+				start := time.Now()
 				if err := m.Lock(ctx); err != nil {
 					b.Error(err)
 					return
 				}
-				held()
+				held(time.Since(start))
 				if err := m.Unlock(ctx); err != nil {
 					b.Error(err)
 					return
@@ -140,9 +172,9 @@ func contend(b *testing.B, clients []*Client, held func()) {
 // BenchmarkContentionClients: C separate Clients (as separate processes
 // would be) on one key, at the default backoff bounds and at a shorter and
 // a longer pair, the curves the defaults were chosen from. Reports
-// acquisitions per second, commands per acquisition, and the handoff
-// latency: from a call to Unlock to the return of the next Lock, in
-// another Client.
+// acquisitions per second, commands per acquisition, the handoff latency
+// (from a call to Unlock to the return of the next Lock, in any Client) and
+// how long a Lock waits (p99: how fair the polling is).
 func BenchmarkContentionClients(b *testing.B) {
 	bounds := []struct{ min, max time.Duration }{
 		{time.Millisecond, 25 * time.Millisecond},
@@ -165,27 +197,35 @@ func benchContentionClients(b *testing.B, n int, opts ...Option) {
 		clients[i] = newClient(b, coll, opts...)
 	}
 	var unlocking time.Time // when the last holder called Unlock
-	var handoffs []time.Duration
+	var handoffs, waits []time.Duration
 	mark := commands.total.Load()
 	start := time.Now()
 	b.ResetTimer()
 	var mu sync.Mutex // dlock excludes, but the race detector cannot see it through the server
-	contend(b, clients, func() {
+	contend(b, clients, func(waited time.Duration) {
 		mu.Lock()
 		defer mu.Unlock()
 		if !unlocking.IsZero() {
 			handoffs = append(handoffs, time.Since(unlocking))
 		}
+		waits = append(waits, waited)
 		unlocking = time.Now()
 	})
 	b.StopTimer()
 	reportCommands(b, mark, b.N)
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "acq/s")
-	if len(handoffs) > 0 {
-		slices.Sort(handoffs)
-		b.ReportMetric(float64(handoffs[len(handoffs)/2].Microseconds())/1000, "handoff-p50-ms")
-		b.ReportMetric(float64(handoffs[len(handoffs)*99/100].Microseconds())/1000, "handoff-p99-ms")
+	reportQuantile(b, handoffs, 50, "handoff-p50-ms")
+	reportQuantile(b, handoffs, 99, "handoff-p99-ms")
+	reportQuantile(b, waits, 99, "wait-p99-ms")
+}
+
+// reportQuantile reports the q-th percentile of ds, in milliseconds.
+func reportQuantile(b *testing.B, ds []time.Duration, q int, unit string) {
+	if len(ds) == 0 {
+		return
 	}
+	slices.Sort(ds)
+	b.ReportMetric(float64(ds[len(ds)*q/100].Microseconds())/1000, unit)
 }
 
 // BenchmarkManyLeases: one Client holds N leases. One op is one extension
@@ -241,7 +281,6 @@ func benchManyLeases(b *testing.B, n int, ack bool) {
 		}
 	}}
 	c := newClient(b, coll, WithTTL(5*time.Minute), WithExtendInterval(time.Second), withFaults(f))
-	before := liveHeap()
 	mutexes := make([]*Mutex, n)
 	for i := range mutexes {
 		mutexes[i] = c.NewMutex(fmt.Sprint("lease-", i))
@@ -249,7 +288,8 @@ func benchManyLeases(b *testing.B, n int, ack bool) {
 			b.Fatal(err)
 		}
 	}
-	heapPerLease := float64(liveHeap()-before) / float64(n)
+	commands.forgetLast()
+	holding := liveHeap()
 	<-rounds // leases taken over a while have fallen into step
 	var cmds int64
 	cpu0 := cpuTime()
@@ -264,18 +304,23 @@ func benchManyLeases(b *testing.B, n int, ack bool) {
 	b.StopTimer()
 	b.ReportMetric(float64(cmds)/float64(b.N), "cmds/op")
 	b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N)/1000, "cpu-ms/op")
-	b.ReportMetric(heapPerLease, "heap-B/lease") // after ResetTimer, which drops metrics
 	for _, m := range mutexes {
 		if err := m.Lease().Err(); err != nil {
 			b.Fatal(err)
 		}
 	}
+	// The heap a held lease costs, with its Mutex: what closing the Client
+	// and dropping the Mutexes frees. (A difference from before the Locks
+	// would also count garbage that earlier runs left to this one.)
 	c.Close(ctx)
+	mutexes = nil
+	commands.forgetLast()
+	b.ReportMetric(float64(holding-liveHeap())/float64(n), "heap-B/lease")
 }
 
 // liveHeap returns the bytes of live heap objects. It collects twice: the
-// first collection runs the finalizers of garbage left by earlier runs
-// (connections, files), the second frees what they held.
+// first collection runs the finalizers of garbage left behind (connections,
+// files), the second frees what they held.
 func liveHeap() int64 {
 	runtime.GC()
 	runtime.GC()

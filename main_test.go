@@ -51,6 +51,14 @@ func (l *commandLog) started(_ context.Context, e *event.CommandStartedEvent) {
 	}
 }
 
+// forgetLast drops the recent commands kept for inspection: big bulk
+// writes among them would count as live heap.
+func (l *commandLog) forgetLast() {
+	l.mu.Lock()
+	l.last = nil
+	l.mu.Unlock()
+}
+
 // since returns the number of commands sent since a reading of total.
 func (l *commandLog) since(mark int64) int64 { return l.total.Load() - mark }
 

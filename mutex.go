@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
-	"github.com/cenkalti/backoff/v5"
 )
 
 // A Mutex is a distributed mutual exclusion lock on one key: at most one
@@ -31,6 +29,7 @@ type Mutex struct {
 
 	mu    sync.Mutex
 	lease *Lease
+	pace  pace
 }
 
 // Key returns the Mutex's key.
@@ -123,10 +122,17 @@ func (m *Mutex) lock(ctx context.Context, name string, try bool) (err error) {
 // returns the lease, the number of acquire attempts, and an error when ctx
 // ended, the Client closed, the key is held (with try) or the server failed
 // in a way that waiting will not mend.
+//
+// Each poll of a held key is an acquire attempt, one command that takes the
+// key when it is free: a waiter that finds the key freed takes it in the
+// same command that found it. The record is read only to start a watch on
+// the holder's revision, when a wait outlasts its first poll (a TryLock
+// reads at once), and again when that watch says the revision may be taken
+// over.
 func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, error) {
 	var (
 		w        watch
-		bo       *backoff.ExponentialBackOff
+		polls    *poller
 		attempts int
 		unsure   bool   // an acquire may have applied without our seeing the reply
 		lastErr  error  // the last transient failure
@@ -144,60 +150,59 @@ func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, 
 		}
 		return nil, attempts, err
 	}
-	for attempt := true; ; {
-		var err error
-		if attempt {
-			attempts++
-			sent := c.clock.Now()
-			var r record
-			switch r, err = c.store.acquire(ctx, m.key, c.owner, m.cfg.ttl, w.takeover(sent)); {
-			case err == nil:
-				l := c.newLease(m, r, sent)
-				if !c.ext.add(l) {
-					return giveUp(ErrClosed)
-				}
-				return l, attempts, nil
-			case errors.Is(err, errHeld):
-				err = nil
-			default:
-				unsure = true
+	for {
+		attempts++
+		sent := c.clock.Now()
+		r, err := c.store.acquire(ctx, m.key, c.owner, m.cfg.ttl, w.takeover(sent))
+		switch {
+		case err == nil:
+			l := c.newLease(m, r, sent)
+			if !c.ext.add(l) {
+				return giveUp(ErrClosed)
 			}
-		}
-		if err == nil {
-			var r record
+			if polls != nil {
+				m.mu.Lock()
+				m.pace = pace{interval: polls.last, at: c.clock.Now()}
+				m.mu.Unlock()
+			}
+			return l, attempts, nil
+		case !errors.Is(err, errHeld):
+			unsure = true
+		case (w.rev == 0 && (try || attempts > 1)) || w.takeover(c.clock.Now()) != 0:
+			// Held, and no watch yet on a wait that outlasted its first
+			// poll, or the watched revision was due for takeover: read
+			// what holds it now.
 			r, err = c.observe(ctx, m.key, &w)
-			if err == nil && (r.free() || r.Owner == c.owner) {
-				attempt = true // free, or ours from an acquire whose reply was lost
-				continue
+			if err == nil && (r.free() || r.Owner == c.owner || w.takeover(c.clock.Now()) != 0) {
+				continue // freed meanwhile, ours from an acquire whose reply was lost, or due
 			}
 			if err == nil && events < maxHeldEvents && (r.Owner != holder.Owner || r.Token != holder.Token) {
 				c.tel.heldBy(ctx, r)
 				holder = r
 				events++
 			}
+		default:
+			err = nil
 		}
-		now := c.clock.Now()
 		switch {
 		case err != nil && (try || ctx.Err() != nil || !transient(err)):
 			return giveUp(err)
 		case err != nil:
-			// Retry the failed step after the wait. A retried acquire
-			// that did apply the first time finds the key ours.
+			// Retry after the wait. A retried acquire that did apply the
+			// first time finds the key ours.
 			lastErr = err
-		case w.takeover(now) != 0:
-			attempt = true
-			continue
 		case try:
 			return giveUp(ErrLocked)
-		default:
-			attempt = false
 		}
-		if bo == nil {
-			bo = newBackoff(m.cfg.minBackoff, m.cfg.maxBackoff)
+		if polls == nil {
+			m.mu.Lock()
+			p := m.pace.start(c.clock.Now(), &m.cfg)
+			m.mu.Unlock()
+			polls = &p
 		}
-		d := bo.NextBackOff()
+		d := polls.next()
 		if w.rev != 0 {
-			d = min(d, max(w.wait(now), 0))
+			d = min(d, max(w.wait(c.clock.Now()), 0))
 		}
 		t := c.clock.NewTimer(d)
 		select {
