@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"slices"
+	"time"
 
 	"github.com/anishathalye/porcupine"
 )
@@ -34,7 +36,103 @@ func readHistory(path string) ([]event, error) {
 type report struct {
 	holds, reads, writes     int
 	accepted, stale, unknown int
+	late                     int            // writes admitted after the faults stopped
+	faults                   map[string]int // injected, by kind
+	lost                     int            // holds whose Lost channel closed
+	margins                  []time.Duration
+	lostUpdates              int
 	violations               []string
+}
+
+// minMargin is the smallest Lost-to-takeover margin, or 0 for none.
+func (r *report) minMargin() time.Duration {
+	if len(r.margins) == 0 {
+		return 0
+	}
+	return slices.Min(r.margins)
+}
+
+// check runs every check on a history. final holds the registers' final
+// values; end stands for the return of operations a killed process never
+// finished; writes called after calm count as progress after the faults.
+func check(events []event, final map[string]int64, end, calm int64) report {
+	r := report{faults: map[string]int{}}
+	calls := map[int]event{}
+	for _, e := range events {
+		switch e.Op {
+		case opFault:
+			r.faults[e.Res]++
+		case opWriteCall:
+			calls[e.ID] = e
+		case opWriteRet:
+			if e.Res == resOK && calls[e.ID].T > calm {
+				r.late++
+			}
+		}
+	}
+	checkExclusion(events, &r)
+	checkRegisters(events, final, end, &r)
+	checkTakeovers(events, &r)
+	return r
+}
+
+// checkTakeovers: when a hold is lost (its Lost channel closes) and another
+// process acquires the key next, the loss comes first; the gap is the
+// margin. A process frozen (SIGSTOP) during its hold cannot see its loss in
+// time, which is what fencing is for: those holds are not measured.
+func checkTakeovers(events []event, r *report) {
+	type hold struct {
+		p              int
+		acquired, lost int64
+	}
+	holds := map[string]map[uint64]*hold{}
+	frozen := map[int][][2]int64{} // per process: from SIGSTOP to SIGCONT
+	for _, e := range events {
+		switch e.Op {
+		case opAcquired:
+			if holds[e.Key] == nil {
+				holds[e.Key] = map[uint64]*hold{}
+			}
+			holds[e.Key][e.Tok] = &hold{p: e.P, acquired: e.T}
+		case opLost:
+			r.lost++
+			if h := holds[e.Key][e.Tok]; h != nil {
+				h.lost = e.T
+			}
+		case opFault:
+			if e.Res == faultFreeze {
+				frozen[e.P] = append(frozen[e.P], [2]int64{e.T, math.MaxInt64})
+			}
+		case opThawed:
+			if f := frozen[e.P]; len(f) > 0 {
+				f[len(f)-1][1] = e.T
+			}
+		}
+	}
+	wasFrozen := func(p int, from, to int64) bool {
+		for _, f := range frozen[p] {
+			if f[0] < to && f[1] > from {
+				return true
+			}
+		}
+		return false
+	}
+	for key, byTok := range holds {
+		toks := slices.Sorted(maps.Keys(byTok))
+		for i, tok := range toks[:max(len(toks)-1, 0)] {
+			h, next := byTok[tok], byTok[toks[i+1]]
+			if h.lost == 0 || next.p == h.p || wasFrozen(h.p, h.acquired, h.lost) {
+				continue
+			}
+			if next.acquired <= h.lost {
+				r.violations = append(r.violations, fmt.Sprintf(
+					"%s: token %d (process %d) lost at %d, after process %d acquired token %d at %d",
+					key, tok, h.p, h.lost, next.p, toks[i+1], next.acquired))
+				continue
+			}
+			r.margins = append(r.margins, time.Duration(next.acquired-h.lost))
+		}
+	}
 }
 
 // checkExclusion: for each key, every instant at which a holder saw its
@@ -59,13 +157,7 @@ func checkExclusion(events []event, r *report) {
 		s.first, s.last = min(s.first, e.T), max(s.last, e.T)
 	}
 	for key, byTok := range holds {
-		toks := slices.Sorted(func(yield func(uint64) bool) {
-			for t := range byTok {
-				if !yield(t) {
-					return
-				}
-			}
-		})
+		toks := slices.Sorted(maps.Keys(byTok))
 		var lastOlder int64 = math.MinInt64
 		var olderTok uint64
 		for _, t := range toks {
@@ -154,6 +246,7 @@ func checkRegisters(events []event, final map[string]int64, end int64, r *report
 					written[c.Key] = map[int64]int{}
 				}
 				if written[c.Key][c.V]++; written[c.Key][c.V] > 1 {
+					r.lostUpdates++
 					r.violations = append(r.violations, fmt.Sprintf("%s: value %d written twice: a lost update", c.Key, c.V))
 				}
 			case resStale:

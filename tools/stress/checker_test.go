@@ -2,12 +2,14 @@ package stress
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 )
 
 // The checker has teeth: histories with an overlap of holders, a lost
-// update, or a stale write admitted are each reported.
+// update, a stale write admitted, or a takeover before the old holder saw
+// its loss are each reported.
 func TestCheckerCatchesViolations(t *testing.T) {
 	rw := func(p, id int, tok uint64, t0 int64, read int64, res string) []event {
 		return []event{
@@ -32,4 +34,18 @@ func TestCheckerCatchesViolations(t *testing.T) {
 	assert.NotEmpty(t, check(1, rw(1, 10, 1, 0, 0, resOK), rw(2, 20, 2, 1, 0, resOK)).violations, "overlapping holders, lost update")
 	assert.NotEmpty(t, check(1, rw(2, 20, 2, 0, 0, resOK), rw(1, 10, 1, 10, 1, resOK)).violations, "older token admitted after a newer one")
 	assert.NotEmpty(t, check(5, rw(1, 10, 1, 0, 0, resOK)).violations, "final value unaccounted for")
+
+	takeover := func(lost, next int64) report {
+		var r report
+		checkTakeovers([]event{
+			{P: 1, Op: opAcquired, Key: "k", Tok: 1, T: 0},
+			{P: 1, Op: opLost, Key: "k", Tok: 1, T: lost},
+			{P: 2, Op: opAcquired, Key: "k", Tok: 2, T: next},
+		}, &r)
+		return r
+	}
+	r := takeover(10, 15)
+	assert.Empty(t, r.violations, "lost, then taken over")
+	assert.Equal(t, []time.Duration{5}, r.margins)
+	assert.NotEmpty(t, takeover(10, 5).violations, "taken over before the holder saw its loss")
 }

@@ -35,6 +35,8 @@ func TestMain(m *testing.M) {
 		err = runWorker()
 	case "frozen":
 		err = runFrozen()
+	case "server":
+		err = runServer()
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
@@ -53,6 +55,12 @@ func setup(t *testing.T) (string, *mongo.Database) {
 		t.Cleanup(func() { srv.Close() })
 		uri = srv.URI()
 	}
+	return uri, database(t, uri)
+}
+
+// database returns a fresh database on the server at uri, dropped when the
+// test ends.
+func database(t *testing.T, uri string) *mongo.Database {
 	c, err := mongo.Connect(options.Client().ApplyURI(uri))
 	require.NoError(t, err)
 	db := c.Database(fmt.Sprintf("dlockstress_%d", time.Now().UnixNano()))
@@ -60,7 +68,7 @@ func setup(t *testing.T) (string, *mongo.Database) {
 		db.Drop(context.Background())
 		c.Disconnect(context.Background())
 	})
-	return uri, db
+	return db
 }
 
 // command returns this test binary, to be run as a worker process.
@@ -68,51 +76,128 @@ func command(t *testing.T, mode, uri string, db *mongo.Database, env ...string) 
 	exe, err := os.Executable()
 	require.NoError(t, err)
 	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), envMode+"="+mode, envURI+"="+uri, envDB+"="+db.Name())
+	cmd.Env = append(os.Environ(), envMode+"="+mode, envURI+"="+uri)
+	if db != nil {
+		cmd.Env = append(cmd.Env, envDB+"="+db.Name())
+	}
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
 	return cmd
 }
 
-// TestManyProcesses: K worker processes contend for a few keys while the
-// test kills some (SIGKILL, replaced by a new process) and freezes others
-// past the TTL (SIGSTOP, then SIGCONT). DLOCK_STRESS_DURATION runs it
+// A scenario is a run of worker processes under some faults.
+type scenario struct {
+	procs, keys int
+	duration    time.Duration
+	net         []string // network faults the workers inject (netfaults_test.go)
+	kill        bool     // the test kills workers (SIGKILL) and starts new ones
+	freeze      bool     // the test stops workers (SIGSTOP) past the TTL, then resumes them
+	restart     bool     // the test kills the server process and starts it again on the same data
+}
+
+// Faults the test injects, as history records them.
+const (
+	faultKill    = "sigkill"
+	faultFreeze  = "sigstop"
+	faultRestart = "server-restart"
+)
+
+// TestFaults: each fault alone, with three worker processes on two keys:
+// network faults injected through toxiproxy (latency spikes past the
+// extension cadence; connection resets as the replies to an acquire, to
+// extensions and to a release come back; a black hole longer than the TTL
+// while holding), the server process killed and restarted on the same
+// data while leases are held and clients wait, a holder killed, a holder
+// frozen past its TTL. Every run checks the history (see check).
+func TestFaults(t *testing.T) {
+	for _, sc := range []struct {
+		name string
+		scenario
+	}{
+		{faultLatency, scenario{net: []string{faultLatency}}},
+		{faultResetAcquire, scenario{net: []string{faultResetAcquire}}},
+		{faultResetExtend, scenario{net: []string{faultResetExtend}}},
+		{faultResetRelease, scenario{net: []string{faultResetRelease}}},
+		{faultBlackhole, scenario{net: []string{faultBlackhole}}},
+		{faultRestart, scenario{restart: true}},
+		{faultKill, scenario{kill: true}},
+		{faultFreeze, scenario{freeze: true}},
+	} {
+		t.Run(sc.name, func(t *testing.T) {
+			sc.procs, sc.keys, sc.duration = 3, 2, 8*time.Second
+			r := run(t, sc.scenario)
+			assert.Positive(t, r.faults[sc.name], "faults injected")
+		})
+	}
+}
+
+// TestManyProcesses: K worker processes contend for a few keys while every
+// fault of TestFaults strikes at random. DLOCK_STRESS_DURATION runs it
 // longer than the default 20s; DLOCK_STRESS_PROCS changes K from 4.
 func TestManyProcesses(t *testing.T) {
-	duration := 20 * time.Second
+	sc := scenario{procs: 4, keys: 3, duration: 20 * time.Second, net: netFaultKinds, kill: true, freeze: true, restart: true}
 	if d, err := time.ParseDuration(os.Getenv("DLOCK_STRESS_DURATION")); err == nil {
-		duration = d
+		sc.duration = d
 	}
-	k := 4
-	fmt.Sscan(os.Getenv("DLOCK_STRESS_PROCS"), &k)
-	const keys = 3
-	uri, db := setup(t)
+	fmt.Sscan(os.Getenv("DLOCK_STRESS_PROCS"), &sc.procs)
+	r := run(t, sc)
+	assert.Positive(t, len(r.faults), "faults injected")
+}
+
+// run runs a scenario, checks its history and returns the report.
+func run(t *testing.T, sc scenario) report {
+	var srv *serverProc
+	var uri string
+	var db *mongo.Database
+	if sc.restart {
+		if os.Getenv("MONGODB_URI") != "" {
+			t.Skip("the server is restarted only when the test runs it")
+		}
+		srv = startServerProc(t)
+		uri = srv.uri
+		db = database(t, uri)
+	} else {
+		uri, db = setup(t)
+	}
 	ctx := context.Background()
-	for i := range keys {
+	for i := range sc.keys {
 		_, err := db.Collection("data").InsertOne(ctx, bson.D{{Key: "_id", Value: fmt.Sprint("key-", i)}, {Key: "value", Value: int64(0)}})
 		require.NoError(t, err)
 	}
 	logPath := filepath.Join(t.TempDir(), "history.jsonl")
-	until := time.Now().Add(duration)
+	f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	require.NoError(t, err)
+	defer f.Close()
+	h := &history{f: f} // the test's own records: process 0
+	until := time.Now().Add(sc.duration)
+	calm := until.Add(-3 * ttl) // no faults from then on: waiters must make progress
 	procs := map[int]*exec.Cmd{}
 	exited := make(chan int, 64)
 	next := 0
 	spawn := func() {
 		next++
 		p := next
-		cmd := command(t, "worker", uri, db, fmt.Sprint(envProc, "=", p), fmt.Sprint(envKeys, "=", keys),
-			fmt.Sprint(envUntil, "=", until.UnixNano()), envLog+"="+logPath)
+		cmd := command(t, "worker", uri, db, fmt.Sprint(envProc, "=", p), fmt.Sprint(envKeys, "=", sc.keys),
+			fmt.Sprint(envUntil, "=", until.UnixNano()), fmt.Sprint(envCalm, "=", calm.UnixNano()),
+			envLog+"="+logPath, envNet+"="+strings.Join(sc.net, ","))
 		require.NoError(t, cmd.Start())
 		procs[p] = cmd
 		go func() { cmd.Wait(); exited <- p }()
 	}
-	for range k {
+	for range sc.procs {
 		spawn()
 	}
 
-	// Faults, until a few TTLs before the end so that waiters can show progress after them.
-	var kills, freezes int
-	for time.Now().Before(until.Add(-3 * ttl)) {
+	var faults []string
+	for _, on := range []struct {
+		on    bool
+		fault string
+	}{{sc.kill, faultKill}, {sc.freeze, faultFreeze}, {sc.restart, faultRestart}} {
+		if on.on {
+			faults = append(faults, on.fault)
+		}
+	}
+	for len(faults) > 0 && time.Now().Before(calm) {
 		time.Sleep(ttl + rand.N(2*ttl)) // time between faults: the schedule, not synchronisation
 		live := []int{}
 		for p, cmd := range procs {
@@ -121,17 +206,24 @@ func TestManyProcesses(t *testing.T) {
 			}
 		}
 		p := live[rand.IntN(len(live))]
-		if rand.IntN(2) == 0 {
+		switch fault := faults[rand.IntN(len(faults))]; fault {
+		case faultKill:
+			h.log(event{P: p, Op: opFault, Res: fault, T: now()})
 			procs[p].Process.Signal(syscall.SIGKILL)
 			<-exited
 			delete(procs, p)
-			kills++
 			spawn()
-		} else {
+		case faultFreeze:
+			h.log(event{P: p, Op: opFault, Res: fault, T: now()})
 			procs[p].Process.Signal(syscall.SIGSTOP)
 			time.Sleep(ttl * 3 / 2) // frozen past its lease
 			procs[p].Process.Signal(syscall.SIGCONT)
-			freezes++
+			h.log(event{P: p, Op: opThawed, T: now()})
+		case faultRestart:
+			h.log(event{Op: opFault, Res: fault, T: now()})
+			srv.kill()
+			time.Sleep(rand.N(2 * ttl)) // down for up to two TTLs: some leases are lost
+			srv.start()
 		}
 	}
 	for range procs {
@@ -152,26 +244,13 @@ func TestManyProcesses(t *testing.T) {
 	for _, r := range regs {
 		final[r.ID] = r.Value
 	}
-	var r report
-	checkExclusion(events, &r)
-	checkRegisters(events, final, time.Now().UnixNano(), &r)
-	t.Logf("%d processes (%d killed, %d frozen past the TTL) over %v: %d holds, %d reads, %d writes: %d admitted, %d stale rejected, %d unknown; final registers %v; %d violations",
-		next, kills, freezes, duration, r.holds, r.reads, r.writes, r.accepted, r.stale, r.unknown, final, len(r.violations))
+	r := check(events, final, time.Now().UnixNano(), calm.UnixNano())
+	t.Logf("%d processes over %v; faults %v; %d holds, %d lost, %d taken over by another process (smallest Lost-to-takeover margin %v); %d reads, %d writes: %d admitted, %d stale rejected, %d unknown; %d admitted after the faults; final registers %v; %d lost updates, %d violations",
+		next, sc.duration, r.faults, r.holds, r.lost, len(r.margins), r.minMargin(), r.reads, r.writes, r.accepted, r.stale, r.unknown, r.late, final, r.lostUpdates, len(r.violations))
 	assert.Empty(t, r.violations)
 	assert.Positive(t, r.accepted)
-
-	// Progress after the faults: admitted writes in the last stretch.
-	late := 0
-	calls := map[int]event{}
-	for _, e := range events {
-		if e.Op == opWriteCall {
-			calls[e.ID] = e
-		}
-		if e.Op == opWriteRet && e.Res == resOK && calls[e.ID].T > until.Add(-2*ttl).UnixNano() {
-			late++
-		}
-	}
-	assert.Positive(t, late, "waiters progress once the faults stop")
+	assert.Positive(t, r.late, "waiters progress once the faults stop")
+	return r
 }
 
 // TestFrozenHolderIsFenced: a process frozen (SIGSTOP) past its lease

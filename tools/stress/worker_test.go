@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -27,6 +28,8 @@ const (
 	envKeys  = "DLOCK_STRESS_KEYS"  // number of keys contended for
 	envUntil = "DLOCK_STRESS_UNTIL" // stop time, Unix nanoseconds
 	envLog   = "DLOCK_STRESS_LOG"   // history file, appended to
+	envNet   = "DLOCK_STRESS_NET"   // network faults to inject, comma-separated (netfaults_test.go)
+	envCalm  = "DLOCK_STRESS_CALM"  // no faults from then on, Unix nanoseconds
 )
 
 const ttl = time.Second
@@ -45,6 +48,11 @@ type event struct {
 }
 
 const (
+	opAcquired  = "acquired"   // Lock returned the hold Tok on Key
+	opLost      = "lost"       // the hold's Lost channel closed
+	opFault     = "fault"      // a fault (Res: its kind) begins; by the parent for process and server faults
+	opFrozen    = "frozen"     // the parent stopped process P (SIGSTOP)
+	opThawed    = "thawed"     // the parent resumed process P (SIGCONT)
 	opValid     = "valid"      // the holder checked its lease: valid at T or later
 	opReadCall  = "read-call"  // reading the register
 	opReadRet   = "read-ret"   // V is the value read
@@ -66,7 +74,9 @@ type history struct {
 }
 
 func (h *history) log(e event) {
-	e.P = h.proc
+	if e.P == 0 {
+		e.P = h.proc
+	}
 	b, _ := json.Marshal(e)
 	h.f.Write(append(b, '\n'))
 }
@@ -74,7 +84,11 @@ func (h *history) log(e event) {
 func now() int64 { return time.Now().UnixNano() }
 
 func connectFromEnv() (*mongo.Database, error) {
-	c, err := mongo.Connect(options.Client().ApplyURI(os.Getenv(envURI)).
+	return connect(os.Getenv(envURI))
+}
+
+func connect(uri string) (*mongo.Database, error) {
+	c, err := mongo.Connect(options.Client().ApplyURI(uri).
 		SetServerSelectionTimeout(5 * time.Second).SetTimeout(5 * time.Second))
 	if err != nil {
 		return nil, err
@@ -84,15 +98,25 @@ func connectFromEnv() (*mongo.Database, error) {
 
 // runWorker contends for the keys until the stop time. Inside each hold it
 // reads the key's register and writes it back plus one, fenced by the
-// hold's token, recording every step.
+// hold's token, recording every step. Until the calm time it injects the
+// network faults it was given into some of its holds.
 func runWorker() error {
-	db, err := connectFromEnv()
+	uri := os.Getenv(envURI)
+	var net *netFaults
+	if kinds := os.Getenv(envNet); kinds != "" {
+		var err error
+		if net, uri, err = startNetFaults(uri, strings.Split(kinds, ",")); err != nil {
+			return err
+		}
+	}
+	db, err := connect(uri)
 	if err != nil {
 		return err
 	}
 	proc, _ := strconv.Atoi(os.Getenv(envProc))
 	keys, _ := strconv.Atoi(os.Getenv(envKeys))
 	until, _ := strconv.ParseInt(os.Getenv(envUntil), 10, 64)
+	calm, _ := strconv.ParseInt(os.Getenv(envCalm), 10, 64)
 	f, err := os.OpenFile(os.Getenv(envLog), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		return err
@@ -107,6 +131,17 @@ func runWorker() error {
 	seq := 0
 	for now() < until {
 		key := fmt.Sprint("key-", rand.IntN(keys))
+		fault := net.pick(calm)
+		if fault != "" {
+			h.log(event{Op: opFault, Key: key, Res: fault, T: now()})
+		}
+		undo := func() {}
+		if fault == faultResetAcquire {
+			if undo, err = net.resetReplies(); err != nil {
+				return err
+			}
+			time.AfterFunc(100*time.Millisecond, undo) // the acquire's first reply is lost, a retry gets through
+		}
 		ctx, cancel := context.WithDeadline(context.Background(), time.Unix(0, until))
 		mu := c.NewMutex(key)
 		err := mu.Lock(ctx)
@@ -116,6 +151,34 @@ func runWorker() error {
 		}
 		l := mu.Lease()
 		tok := uint64(l.Token())
+		h.log(event{Op: opAcquired, Key: key, Tok: tok, T: now()})
+		go func() {
+			<-l.Done()
+			t := now()
+			select {
+			case <-l.Lost():
+				h.log(event{Op: opLost, Key: key, Tok: tok, T: t})
+			default:
+			}
+		}()
+		switch fault {
+		case faultResetExtend: // an extension or more is applied, its reply lost
+			if undo, err = net.resetReplies(); err != nil {
+				return err
+			}
+			time.Sleep(cadence * 3 / 2) // the fault's length, not synchronisation
+			undo()
+		case faultBlackhole: // cut off past the TTL: the lease must be lost
+			if undo, err = net.blackhole(); err != nil {
+				return err
+			}
+			time.Sleep(ttl * 3 / 2)
+			undo()
+		case faultLatency: // slow replies for the rest of the hold
+			if undo, err = net.delayReplies(cadence * 3 / 2); err != nil {
+				return err
+			}
+		}
 		valid := func() bool {
 			t := now() // before the check: valid then if valid at the check
 			if l.Err() != nil {
@@ -141,7 +204,18 @@ func runWorker() error {
 				}
 			}
 		}
-		mu.Unlock(context.Background())
+		if fault == faultLatency {
+			undo()
+		}
+		if fault == faultResetRelease {
+			if undo, err = net.resetReplies(); err != nil {
+				return err
+			}
+			mu.Unlock(context.Background()) // applied, reply lost: an error, the key free
+			undo()
+		} else {
+			mu.Unlock(context.Background())
+		}
 	}
 	return nil
 }
