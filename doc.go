@@ -56,6 +56,9 @@
 // the leases a Client holds are one bulk write per cadence. Goroutines of
 // one Client waiting for the same key queue in the Client and do not poll
 // the server; on Unlock the hold passes to the next of them in one command.
+// A Lock waiting on another Client polls with acquire attempts, so the
+// poll that finds the key free takes it; it reads the lock document only
+// to watch the holder's revision for takeover.
 //
 // # Telemetry
 //

@@ -95,8 +95,10 @@ func WithExtendInterval(d time.Duration) Option {
 }
 
 // WithBackoff bounds the jittered exponential backoff between a waiting
-// Lock's polls of a held key: it starts near min and doubles up to max.
-// Defaults: [DefaultMinBackoff] and [DefaultMaxBackoff].
+// Lock's polls of a held key: it starts near min and doubles up to max. A
+// Mutex whose last wait ended less than a TTL ago starts from the interval
+// that wait reached instead of min. Defaults: [DefaultMinBackoff] and
+// [DefaultMaxBackoff].
 func WithBackoff(min, max time.Duration) Option {
 	return optionFunc(func(c *config) {
 		if min <= 0 || max < min {
