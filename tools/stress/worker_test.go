@@ -102,10 +102,10 @@ func connect(uri string) (*mongo.Database, error) {
 // network faults it was given into some of its holds.
 func runWorker() error {
 	uri := os.Getenv(envURI)
-	var net *netFaults
+	var nf *netFaults
 	if kinds := os.Getenv(envNet); kinds != "" {
 		var err error
-		if net, uri, err = startNetFaults(uri, strings.Split(kinds, ",")); err != nil {
+		if nf, uri, err = startNetFaults(uri, strings.Split(kinds, ",")); err != nil {
 			return err
 		}
 	}
@@ -131,13 +131,13 @@ func runWorker() error {
 	seq := 0
 	for now() < until {
 		key := fmt.Sprint("key-", rand.IntN(keys))
-		fault := net.pick(calm)
+		fault := nf.pick(calm)
 		if fault != "" {
 			h.log(event{Op: opFault, Key: key, Res: fault, T: now()})
 		}
 		undo := func() {}
 		if fault == faultResetAcquire {
-			if undo, err = net.resetReplies(); err != nil {
+			if undo, err = nf.resetReplies(); err != nil {
 				return err
 			}
 			time.AfterFunc(100*time.Millisecond, undo) // the acquire's first reply is lost, a retry gets through
@@ -163,19 +163,19 @@ func runWorker() error {
 		}()
 		switch fault {
 		case faultResetExtend: // an extension or more is applied, its reply lost
-			if undo, err = net.resetReplies(); err != nil {
+			if undo, err = nf.resetReplies(); err != nil {
 				return err
 			}
 			time.Sleep(cadence * 3 / 2) // the fault's length, not synchronisation
 			undo()
 		case faultBlackhole: // cut off past the TTL: the lease must be lost
-			if undo, err = net.blackhole(); err != nil {
+			if undo, err = nf.blackhole(); err != nil {
 				return err
 			}
 			time.Sleep(ttl * 3 / 2)
 			undo()
 		case faultLatency: // slow replies for the rest of the hold
-			if undo, err = net.delayReplies(cadence * 3 / 2); err != nil {
+			if undo, err = nf.delayReplies(cadence * 3 / 2); err != nil {
 				return err
 			}
 		}
@@ -208,7 +208,7 @@ func runWorker() error {
 			undo()
 		}
 		if fault == faultResetRelease {
-			if undo, err = net.resetReplies(); err != nil {
+			if undo, err = nf.resetReplies(); err != nil {
 				return err
 			}
 			mu.Unlock(context.Background()) // applied, reply lost: an error, the key free
