@@ -194,15 +194,16 @@ func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, 
 		case try:
 			return giveUp(ErrLocked)
 		}
+		now := c.clock.Now()
 		if polls == nil {
 			m.mu.Lock()
-			p := m.pace.start(c.clock.Now(), &m.cfg)
+			p := m.pace.start(now, &m.cfg)
 			m.mu.Unlock()
 			polls = &p
 		}
 		d := polls.next()
 		if w.rev != 0 {
-			d = min(d, max(w.wait(c.clock.Now()), 0))
+			d = min(d, max(w.wait(now), 0))
 		}
 		t := c.clock.NewTimer(d)
 		select {

@@ -77,13 +77,16 @@ func check(events []event, final map[string]int64, end, calm int64) report {
 }
 
 // checkTakeovers: when a hold is lost (its Lost channel closes) and another
-// process acquires the key next, the loss comes first; the gap is the
-// margin. A process frozen (SIGSTOP) during its hold cannot see its loss in
-// time, which is what fencing is for: those holds are not measured.
+// process takes the key over next, the loss comes first; the gap is the
+// margin. A hold whose holder called Unlock before the next hold began was
+// handed on, not taken over (its lease may still run out while the
+// release's reply is on its way). A process frozen (SIGSTOP) during its
+// hold cannot see its loss in time, which is what fencing is for: those
+// holds are not measured.
 func checkTakeovers(events []event, r *report) {
 	type hold struct {
-		p              int
-		acquired, lost int64
+		p                        int
+		acquired, lost, released int64
 	}
 	holds := map[string]map[uint64]*hold{}
 	frozen := map[int][][2]int64{} // per process: from SIGSTOP to SIGCONT
@@ -98,6 +101,10 @@ func checkTakeovers(events []event, r *report) {
 			r.lost++
 			if h := holds[e.Key][e.Tok]; h != nil {
 				h.lost = e.T
+			}
+		case opRelease:
+			if h := holds[e.Key][e.Tok]; h != nil {
+				h.released = e.T
 			}
 		case opFault:
 			if e.Res == faultFreeze {
@@ -121,7 +128,8 @@ func checkTakeovers(events []event, r *report) {
 		toks := slices.Sorted(maps.Keys(byTok))
 		for i, tok := range toks[:max(len(toks)-1, 0)] {
 			h, next := byTok[tok], byTok[toks[i+1]]
-			if h.lost == 0 || next.p == h.p || wasFrozen(h.p, h.acquired, h.lost) {
+			handedOn := h.released != 0 && h.released < next.acquired
+			if h.lost == 0 || next.p == h.p || handedOn || wasFrozen(h.p, h.acquired, h.lost) {
 				continue
 			}
 			if next.acquired <= h.lost {

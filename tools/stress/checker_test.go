@@ -35,17 +35,18 @@ func TestCheckerCatchesViolations(t *testing.T) {
 	assert.NotEmpty(t, check(1, rw(2, 20, 2, 0, 0, resOK), rw(1, 10, 1, 10, 1, resOK)).violations, "older token admitted after a newer one")
 	assert.NotEmpty(t, check(5, rw(1, 10, 1, 0, 0, resOK)).violations, "final value unaccounted for")
 
-	takeover := func(lost, next int64) report {
+	takeover := func(lost, next int64, more ...event) report {
 		var r report
-		checkTakeovers([]event{
+		checkTakeovers(append([]event{
 			{P: 1, Op: opAcquired, Key: "k", Tok: 1, T: 0},
 			{P: 1, Op: opLost, Key: "k", Tok: 1, T: lost},
 			{P: 2, Op: opAcquired, Key: "k", Tok: 2, T: next},
-		}, &r)
+		}, more...), &r)
 		return r
 	}
 	r := takeover(10, 15)
 	assert.Empty(t, r.violations, "lost, then taken over")
 	assert.Equal(t, []time.Duration{5}, r.margins)
 	assert.NotEmpty(t, takeover(10, 5).violations, "taken over before the holder saw its loss")
+	assert.Empty(t, takeover(10, 5, event{P: 1, Op: opRelease, Key: "k", Tok: 1, T: 3}).violations, "released, then its lease ran out")
 }

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
@@ -62,7 +63,8 @@ func (n *netFaults) pick(faultsUntil int64) string {
 }
 
 // add starts a toxic on one stream ("upstream": to the server,
-// "downstream": to the worker) and returns what removes it.
+// "downstream": to the worker) and returns what removes it, which may be
+// called more than once.
 func (n *netFaults) add(typ, stream string, attrs string) (remove func(), err error) {
 	name := fmt.Sprintf("%s_%s_%d", typ, stream, rand.Int64())
 	_, err = n.proxy.Toxics.AddToxicJson(strings.NewReader(fmt.Sprintf(
@@ -70,7 +72,7 @@ func (n *netFaults) add(typ, stream string, attrs string) (remove func(), err er
 	if err != nil {
 		return nil, fmt.Errorf("toxic %s: %w", typ, err)
 	}
-	return func() { n.proxy.Toxics.RemoveToxic(context.Background(), name) }, nil
+	return sync.OnceFunc(func() { n.proxy.Toxics.RemoveToxic(context.Background(), name) }), nil
 }
 
 // resetReplies resets each connection as the server's next reply reaches

@@ -50,6 +50,7 @@ type event struct {
 const (
 	opAcquired  = "acquired"   // Lock returned the hold Tok on Key
 	opLost      = "lost"       // the hold's Lost channel closed
+	opRelease   = "release"    // the holder calls Unlock
 	opFault     = "fault"      // a fault (Res: its kind) begins; by the parent for process and server faults
 	opFrozen    = "frozen"     // the parent stopped process P (SIGSTOP)
 	opThawed    = "thawed"     // the parent resumed process P (SIGCONT)
@@ -174,7 +175,7 @@ func runWorker() error {
 			}
 			time.Sleep(ttl * 3 / 2)
 			undo()
-		case faultLatency: // slow replies for the rest of the hold
+		case faultLatency: // slow replies for the rest of the hold, release included
 			if undo, err = nf.delayReplies(cadence * 3 / 2); err != nil {
 				return err
 			}
@@ -204,18 +205,14 @@ func runWorker() error {
 				}
 			}
 		}
-		if fault == faultLatency {
-			undo()
-		}
-		if fault == faultResetRelease {
+		if fault == faultResetRelease { // the release applies, its reply is lost: an error, the key free
 			if undo, err = nf.resetReplies(); err != nil {
 				return err
 			}
-			mu.Unlock(context.Background()) // applied, reply lost: an error, the key free
-			undo()
-		} else {
-			mu.Unlock(context.Background())
 		}
+		h.log(event{Op: opRelease, Key: key, Tok: tok, T: now()})
+		mu.Unlock(context.Background())
+		undo()
 	}
 	return nil
 }
