@@ -4,21 +4,26 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
 
-// cleanupTimeout bounds the detached write that gives back a hold whose
-// acquisition raced with a cancelled context.
+// cleanupTimeout bounds a clean-up write: the detached write that gives
+// back a hold whose acquisition raced with a cancelled context, or that
+// tidies up after a lost lease.
 const cleanupTimeout = time.Second
 
 // A Client hands out distributed locks stored in one MongoDB collection,
 // one document per key. It runs one background goroutine, which extends
-// every lease the Client holds in one bulk write per cadence. A Client is
-// safe for concurrent use; make one per process and collection, and Close it.
+// every lease the Client holds in one bulk write per cadence, and short
+// clean-up writes in the background (each bounded by a second or the TTL);
+// Close stops and waits for all of them. A Client is safe for concurrent
+// use; make one per process and collection, and Close it.
 type Client struct {
 	store store
 	cfg   config
@@ -26,28 +31,72 @@ type Client struct {
 	clock clock
 	tel   *telemetry
 	ext   *extender
+	holds atomic.Int64 // the last hold id handed out (see attempt)
 
 	mu      sync.Mutex
-	slots   map[string]*slot
-	closed  bool
-	closing chan struct{}
+	slots   map[string]*slot // guarded by mu
+	closed  bool             // guarded by mu; set once, by Close
+	closing chan struct{}    // closed by Close
+	calls   tracker          // guarded by mu: Lock, TryLock and Release calls under way
+	tidying tracker          // guarded by mu: background clean-up writes under way
+
+	tidyCtx    context.Context // parent of the clean-up writes; cancelled by Close
+	tidyCancel context.CancelFunc
 
 	serverClock serverClock
 }
 
+// A tracker counts work under way so that Close can wait for it. Its owner
+// guards it.
+type tracker struct {
+	n      int
+	closed bool
+	idle   chan struct{} // closed once closed and n is 0
+}
+
+// add counts one more unless the tracker is closed.
+func (t *tracker) add() bool {
+	if t.closed {
+		return false
+	}
+	t.n++
+	return true
+}
+
+func (t *tracker) done() {
+	if t.n--; t.n == 0 && t.closed {
+		close(t.idle)
+	}
+}
+
+// close refuses further adds and returns a channel closed when none is
+// under way.
+func (t *tracker) close() <-chan struct{} {
+	t.closed = true
+	t.idle = make(chan struct{})
+	if t.n == 0 {
+		close(t.idle)
+	}
+	return t.idle
+}
+
 // A slot queues this Client's callers for one key, so that they wait here
 // rather than each polling the server; busy while one of them holds the
-// key or is acquiring it.
+// key or is acquiring it. Client.mu guards it.
 type slot struct {
 	busy    bool
 	waiters []*waiter
 }
 
-// A waiter is a queued Lock call. It receives the slot on ch, with a lease
-// when the previous holder handed its hold over, nil otherwise.
+// A waiter is a queued Lock call. The slot reaches it on ch (buffered: the
+// one send never blocks), with a lease when the previous holder handed its
+// hold over, nil otherwise. gone is set, under Client.mu, when the caller
+// left (its ctx ended) after it was taken off the queue but before the
+// slot reached it; whoever brings the slot then passes it on instead.
 type waiter struct {
-	m  *Mutex
-	ch chan *Lease
+	m    *Mutex
+	ch   chan *Lease
+	gone bool
 }
 
 // NewClient returns a Client that keeps its locks in coll. It validates the
@@ -58,6 +107,11 @@ func NewClient(coll *mongo.Collection, opts ...Option) (*Client, error) {
 	if coll == nil {
 		return nil, fmt.Errorf("%w: nil collection", ErrInvalidOption)
 	}
+	return newClientOn(func(t *telemetry) store { return newMongoStore(coll, t.countCommands) }, opts...)
+}
+
+// newClientOn makes a Client on the store that newStore returns.
+func newClientOn(newStore func(*telemetry) store, opts ...Option) (*Client, error) {
 	cfg := defaultConfig()
 	for _, o := range opts {
 		o.apply(&cfg)
@@ -76,9 +130,13 @@ func NewClient(coll *mongo.Collection, opts ...Option) (*Client, error) {
 		cfg: cfg, owner: cfg.owner, clock: cfg.clock, tel: tel,
 		slots: map[string]*slot{}, closing: make(chan struct{}),
 	}
-	c.store = newMongoStore(coll, tel.countCommands)
+	c.tidyCtx, c.tidyCancel = context.WithCancel(context.Background())
+	c.store = newStore(tel)
 	if cfg.wrapStore != nil {
 		c.store = cfg.wrapStore(c.store)
+	}
+	if !cfg.serverClock {
+		c.serverClock.markUnsupported()
 	}
 	c.ext = newExtender(c)
 	return c, nil
@@ -130,9 +188,13 @@ func containsNUL(s string) bool {
 
 // Close ends every lease the Client holds (their Done channels close, their
 // Err reports [ErrReleased]), frees their keys in one write, stops the
-// Client's goroutine and waits for it. Waiting Lock calls return
-// [ErrClosed], and so does every later call. Closing twice returns
-// [ErrClosed].
+// Client's goroutines and waits for them. Waiting Lock calls return
+// [ErrClosed], and so does every later call. Close first waits for calls
+// under way (a Lock whose acquire is in flight, an Unlock handing its hold
+// over) to finish, so that what they hold is freed too; and last for
+// background clean-up writes. When ctx ends first, Close stops waiting,
+// cancels the clean-ups, and the keys they were to free are free again a
+// TTL later. Closing twice returns [ErrClosed].
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
 	if c.closed {
@@ -141,7 +203,12 @@ func (c *Client) Close(ctx context.Context) error {
 	}
 	c.closed = true
 	close(c.closing)
+	calls := c.calls.close()
 	c.mu.Unlock()
+	select {
+	case <-calls:
+	case <-ctx.Done():
+	}
 
 	leases := c.ext.shutdown()
 	refs := make([]leaseRef, 0, len(leases))
@@ -150,18 +217,77 @@ func (c *Client) Close(ctx context.Context) error {
 			refs = append(refs, l.ref())
 		}
 	}
-	return c.store.releaseAll(ctx, refs)
+	err := c.store.releaseAll(ctx, refs)
+
+	c.mu.Lock()
+	tidying := c.tidying.close()
+	c.mu.Unlock()
+	select {
+	case <-tidying:
+	case <-ctx.Done():
+		c.tidyCancel()
+		<-tidying
+	}
+	c.tidyCancel()
+	return err
+}
+
+// begin counts a call under way, or returns ErrClosed.
+func (c *Client) begin() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.calls.add() {
+		return ErrClosed
+	}
+	return nil
+}
+
+// finish ends a call that begin counted.
+func (c *Client) finish() {
+	c.mu.Lock()
+	c.calls.done()
+	c.mu.Unlock()
+}
+
+// isClosing reports whether Close has begun.
+func (c *Client) isClosing() bool {
+	select {
+	case <-c.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+// tidy runs a clean-up write in the background, with a context detached
+// from any caller's, bounded by timeout (and by cleanupTimeout), and
+// cancelled if Close cannot wait for it. Once Close has stopped waiting
+// for clean-ups it does nothing: every clean-up write only frees a key
+// sooner than its TTL would.
+func (c *Client) tidy(timeout time.Duration, write func(ctx context.Context)) {
+	c.mu.Lock()
+	ok := c.tidying.add()
+	c.mu.Unlock()
+	if !ok {
+		return
+	}
+	go func() {
+		defer func() {
+			c.mu.Lock()
+			c.tidying.done()
+			c.mu.Unlock()
+		}()
+		ctx, cancel := context.WithTimeout(c.tidyCtx, min(timeout, cleanupTimeout))
+		defer cancel()
+		write(ctx)
+	}()
 }
 
 // enter takes this Client's slot for the Mutex's key, queueing behind other
 // callers. It returns a lease when the previous holder handed one over. With
-// try, it fails with ErrLocked instead of queueing.
+// try, it fails with errLockedHere instead of queueing.
 func (c *Client) enter(ctx context.Context, m *Mutex, try bool) (*Lease, error) {
 	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil, ErrClosed
-	}
 	s := c.slots[m.key]
 	if s == nil {
 		s = &slot{}
@@ -174,7 +300,7 @@ func (c *Client) enter(ctx context.Context, m *Mutex, try bool) (*Lease, error) 
 	}
 	if try {
 		c.mu.Unlock()
-		return nil, ErrLocked
+		return nil, errLockedHere
 	}
 	w := &waiter{m: m, ch: make(chan *Lease, 1)}
 	s.waiters = append(s.waiters, w)
@@ -190,27 +316,26 @@ func (c *Client) enter(ctx context.Context, m *Mutex, try bool) (*Lease, error) 
 		err = ErrClosed
 	}
 	c.mu.Lock()
-	for i, x := range s.waiters {
-		if x == w {
-			s.waiters = append(s.waiters[:i], s.waiters[i+1:]...)
-			c.mu.Unlock()
-			return nil, err
-		}
+	if i := slices.Index(s.waiters, w); i >= 0 {
+		s.waiters = slices.Delete(s.waiters, i, i+1)
+		c.mu.Unlock()
+		return nil, err
 	}
-	c.mu.Unlock()
-	// Too late to leave the queue: the slot is on its way. Pass it on.
-	if l := <-w.ch; l != nil {
-		ctx, cancel := detached(ctx, l.ttl)
-		defer cancel()
-		l.Release(ctx)
-	} else {
-		c.leave(m.key, nil, nil)
+	// Taken off the queue: the slot is here already, or on its way (a
+	// handoff in flight); then its bearer passes it on.
+	select {
+	case l := <-w.ch:
+		c.mu.Unlock()
+		c.passOn(m.key, l)
+	default:
+		w.gone = true
+		c.mu.Unlock()
 	}
 	return nil, err
 }
 
 // next removes and returns the first waiter for key, or nil. The slot stays
-// busy: the caller hands it to the waiter, or calls leave.
+// busy: the caller delivers it to the waiter.
 func (c *Client) next(key string) *waiter {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -223,66 +348,102 @@ func (c *Client) next(key string) *waiter {
 	return w
 }
 
-// leave passes the slot for key to w, with lease l (which may be nil), or,
-// with no w, to the first waiter, or frees it.
-func (c *Client) leave(key string, w *waiter, l *Lease) {
-	if w == nil {
-		c.mu.Lock()
-		s := c.slots[key]
-		if len(s.waiters) == 0 {
-			delete(c.slots, key) // in the same critical section as the check
-			c.mu.Unlock()
-			return
-		}
-		w, s.waiters = s.waiters[0], s.waiters[1:]
-		c.mu.Unlock()
+// leave passes the slot for key, with no lease, to the first waiter, or
+// frees it.
+func (c *Client) leave(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.slots[key]
+	if len(s.waiters) == 0 {
+		delete(c.slots, key) // in the same critical section as the check
+		return
 	}
-	w.ch <- l
+	w := s.waiters[0]
+	s.waiters = s.waiters[1:]
+	w.ch <- nil
+}
+
+// deliver gives the slot for key, with lease l (nil for none), to w, which
+// was taken off the queue; if w has left meanwhile, the slot is passed on.
+func (c *Client) deliver(key string, w *waiter, l *Lease) {
+	c.mu.Lock()
+	if !w.gone {
+		w.ch <- l
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	c.passOn(key, l)
+}
+
+// passOn passes on a slot whose waiter left: a lease in it is given back
+// in the background, which passes the slot to the next waiter; with no
+// lease, the slot goes to the next waiter at once, or is freed.
+func (c *Client) passOn(key string, l *Lease) {
+	if l == nil {
+		c.leave(key)
+		return
+	}
+	c.tidy(l.ttl, func(ctx context.Context) { l.Release(ctx) })
 }
 
 // release gives lease l back and passes this Client's slot for its key on.
 // With a local waiter, it hands the hold over in one command instead of
-// freeing the key and having the waiter take it again.
+// freeing the key and having the waiter take it again. A lease already
+// lost (by the extender, or past its local deadline) is not handed over:
+// its error is returned at once and the key is tidied up in the
+// background.
 func (c *Client) release(ctx context.Context, l *Lease) error {
-	lostErr := l.ended()
-	if errors.Is(lostErr, ErrReleased) { // ended by Close
+	if errors.Is(l.ended(), ErrReleased) { // ended by Close
 		return ErrClosed
 	}
-	w := c.next(l.key)
-	if w != nil && lostErr == nil {
+	if err := l.Err(); err != nil {
+		var lost *LeaseLostError
+		if errors.As(err, &lost) && lost.Cause != nil { // expired: the store may still show the hold
+			ref := l.ref()
+			c.tidy(l.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
+		}
+		c.leave(l.key)
+		return err
+	}
+	if w := c.next(l.key); w != nil {
+		hold := c.holds.Add(1)
 		sent := c.clock.Now()
-		r, err := c.store.handoff(ctx, l.ref(), w.m.cfg.ttl)
+		r, err := c.store.handoff(ctx, l.ref(), hold, w.m.cfg.ttl)
 		switch {
 		case err == nil:
 			l.end(ErrReleased, "")
 			next := c.newLease(w.m, r, sent)
-			if !c.ext.add(next) {
-				// Closed meanwhile: free the key, and the waiter gets ErrClosed.
+			if !c.ext.add(next) { // Close could not wait for this call: free the key
 				c.store.release(ctx, next.ref())
 				next.end(ErrReleased, "")
 			}
-			w.ch <- next
+			c.deliver(l.key, w, next)
 			return nil
 		case errors.Is(err, errNotOwner):
 			err = l.steal()
-			c.leave(l.key, w, nil)
-			return err
 		default:
-			l.end(ErrReleased, "")
-			c.leave(l.key, w, nil)
-			return err
+			l.end(ErrReleased, "") // the outcome is unknown: ended here all the same
 		}
+		c.deliver(l.key, w, nil)
+		return closedIf(err)
 	}
 	err := c.store.release(ctx, l.ref())
-	switch {
-	case lostErr != nil:
-		err = lostErr // the release only tidied up
-	case errors.Is(err, errNotOwner):
+	if errors.Is(err, errNotOwner) {
 		err = l.steal()
-	default:
-		l.end(ErrReleased, "")
+	} else {
+		l.end(ErrReleased, "") // also when the outcome is unknown
 	}
-	c.leave(l.key, w, nil)
+	c.leave(l.key)
+	return closedIf(err)
+}
+
+// closedIf turns ErrReleased, which only Close can have ended a lease with
+// by the time its Release runs, into ErrClosed.
+func closedIf(err error) error {
+	if errors.Is(err, ErrReleased) {
+		return ErrClosed
+	}
 	return err
 }
 

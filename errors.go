@@ -8,8 +8,10 @@ import (
 // Sentinel errors. Test for them with [errors.Is]: dlock wraps them with
 // context (the key, the token, the cause).
 var (
-	// ErrLocked is returned by [Mutex.TryLock] when another owner holds the key.
-	ErrLocked = errors.New("dlock: locked by another owner")
+	// ErrLocked is returned, wrapped with who holds the key, by
+	// [Mutex.TryLock] when another owner holds the key or another goroutine
+	// or Mutex of the same Client holds it or is acquiring it.
+	ErrLocked = errors.New("dlock: locked")
 	// ErrNotHeld is returned by [Mutex.Unlock] when the Mutex holds no lease.
 	ErrNotHeld = errors.New("dlock: not held")
 	// ErrReleased is what [Lease.Err] reports after a clean release.
@@ -30,6 +32,16 @@ var (
 	// ErrInvalidOption is returned for an option value out of range, or an
 	// option given where it does not apply.
 	ErrInvalidOption = errors.New("dlock: invalid option")
+	// ErrNoClient is returned by the Lock and TryLock of a Mutex that no
+	// Client made: the zero value, or a nil pointer. Make Mutexes with
+	// [Client.NewMutex].
+	ErrNoClient = errors.New("dlock: Mutex not made by a Client (use Client.NewMutex)")
+)
+
+// What TryLock's ErrLocked says of the holder.
+var (
+	errLockedElsewhere = fmt.Errorf("%w by another owner", ErrLocked)
+	errLockedHere      = fmt.Errorf("%w by this Client: another goroutine or Mutex of it holds the key or is acquiring it", ErrLocked)
 )
 
 // LeaseLostError reports why a lease was lost. It matches [ErrLeaseLost]

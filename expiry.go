@@ -61,6 +61,12 @@ func (w *watch) observe(rec record, now time.Time, serverElapsed time.Duration) 
 	}
 }
 
+// orphan records an observation, received at now, of a hold of this
+// Client's that no call of it relies on: it may be taken over at once.
+func (w *watch) orphan(rec record, now time.Time) {
+	w.rev, w.deadline = rec.Rev, now
+}
+
 // takeover is the revision that may be taken over at now, or 0 for none.
 func (w *watch) takeover(now time.Time) int64 {
 	if w.rev == 0 || now.Before(w.deadline) {

@@ -176,8 +176,9 @@ func (e *extender) scan(now time.Time, want bool) (expired, batch []*Lease, wake
 	return expired, batch, wakeAt
 }
 
-// timeout bounds an extension: past the batch's first deadline its answer
-// no longer matters.
+// timeout bounds an extension: half the time left before the batch's first
+// deadline, so that a hung extension leaves room for a retry (on a new
+// connection, say) before the deadline.
 func (e *extender) timeout(now time.Time, batch []*Lease) time.Duration {
 	var d time.Duration
 	for i, l := range batch {
@@ -187,7 +188,7 @@ func (e *extender) timeout(now time.Time, batch []*Lease) time.Duration {
 		}
 		l.mu.Unlock()
 	}
-	return max(d, time.Millisecond)
+	return max(d/2, time.Millisecond)
 }
 
 func (e *extender) apply(r extendResult) {

@@ -104,11 +104,14 @@ func (l *Lease) Context() context.Context {
 // Release gives the lease back: one command to the server, which frees the
 // key only if this lease still holds it; or, when another goroutine of this
 // Client waits for the key, one command that passes it to that goroutine
-// with a new token. If the lease was lost, Release returns a
-// [*LeaseLostError] and changes nothing for the new holder. A second
-// Release returns [ErrNotHeld]. When Release fails for want of an answer
-// from the server, the lease is ended here all the same, and the key is
-// free again at the latest a TTL later.
+// with a new token. If the lease was lost (its Err is not nil, which
+// includes a lease past its local deadline that the background goroutine
+// has not yet ended), Release returns its [*LeaseLostError] at once,
+// changes nothing for a new holder, and tidies up in the background. A
+// second Release returns [ErrNotHeld]; a Release after [Client.Close]
+// ended the lease returns [ErrClosed]. When Release fails for want of an
+// answer from the server, the lease is ended here all the same, and the
+// key is free again at the latest a TTL later.
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	if l.returned {
@@ -119,6 +122,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Unlock()
 	if l.m != nil {
 		l.m.forget(l)
+	}
+	if l.c.begin() == nil { // else Close has begun; it ends the lease if this does not
+		defer l.c.finish()
 	}
 	ctx, span := l.c.tel.releaseSpan(ctx, l)
 	err := l.c.release(ctx, l)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // A Mutex is a distributed mutual exclusion lock on one key: at most one
@@ -21,15 +23,19 @@ import (
 // other than the one that locked it. It must not be copied after first use.
 // Like a sync.Mutex it is not reentrant: a goroutine that locks a Mutex it
 // holds waits until the Mutex is unlocked.
+//
+// Make a Mutex with [Client.NewMutex]. Unlike a sync.Mutex, the zero value
+// is not usable, as it belongs to no Client: its Lock and TryLock return
+// [ErrNoClient], and its Unlock [ErrNotHeld].
 type Mutex struct {
-	c   *Client
+	c   *Client // set by NewMutex; never changes
 	key string
 	cfg config
 	err error // invalid key or options
 
 	mu    sync.Mutex
-	lease *Lease
-	pace  pace
+	lease *Lease // guarded by mu: the current hold, or nil
+	pace  pace   // guarded by mu: where the last wait's polls ended
 }
 
 // Key returns the Mutex's key.
@@ -37,6 +43,9 @@ func (m *Mutex) Key() string { return m.key }
 
 // Lease returns the current lease, or nil when the Mutex is not held.
 func (m *Mutex) Lease() *Lease {
+	if m == nil {
+		return nil
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.lease
@@ -50,24 +59,36 @@ func (m *Mutex) Lease() *Lease {
 //
 // When ctx ends first, Lock returns an error that matches ctx.Err() with
 // [errors.Is], and leaves nothing held: if its last write may have acquired
-// the key, it gives it back with a short, detached context.
+// the key, a short clean-up write in the background gives it back (one
+// that can free only that write's hold). A ctx that has already ended
+// returns at once, with no command sent. Lock never returns nil with a
+// lease that has already ended: one whose acquire was answered after the
+// lease's local deadline is not returned, and Lock keeps trying.
+//
+// When the Client is closed, or closes while Lock waits, Lock returns
+// [ErrClosed]; a hold it won as Close began is given back first.
 func (m *Mutex) Lock(ctx context.Context) error {
 	return m.lock(ctx, "dlock.Lock", false)
 }
 
-// TryLock makes one attempt to hold the key and returns [ErrLocked] when
-// another owner holds it, or another goroutine of this Client holds or is
-// acquiring it. An uncontended TryLock is one command; one that finds the
-// key held spends up to three more, to take it over when its holder
-// abandoned it more than a TTL ago by the server's clock.
+// TryLock makes one attempt to hold the key and returns an error matching
+// [ErrLocked] when another owner holds it, or when another goroutine or
+// Mutex of this Client holds it or is acquiring it (the message says
+// which). An uncontended TryLock is one command; one that finds the key
+// held reads the document to tell a hold this Client abandoned, which it
+// takes over, and, with [WithServerClockTakeover], one abandoned more
+// than a TTL ago by the server's clock.
 func (m *Mutex) TryLock(ctx context.Context) error {
 	return m.lock(ctx, "dlock.TryLock", true)
 }
 
 // Unlock releases the Mutex's lease (see [Lease.Release]). It returns
-// [ErrNotHeld] when the Mutex holds no lease, and a [*LeaseLostError] when
-// the lease was lost.
+// [ErrNotHeld] when the Mutex holds no lease, and a [*LeaseLostError], at
+// once, when the lease was lost.
 func (m *Mutex) Unlock(ctx context.Context) error {
+	if m == nil {
+		return ErrNotHeld
+	}
 	m.mu.Lock()
 	l := m.lease
 	m.mu.Unlock()
@@ -87,10 +108,19 @@ func (m *Mutex) forget(l *Lease) {
 }
 
 func (m *Mutex) lock(ctx context.Context, name string, try bool) (err error) {
-	if m.err != nil {
+	switch {
+	case m == nil || m.c == nil:
+		return ErrNoClient
+	case m.err != nil:
 		return m.err
+	case ctx.Err() != nil:
+		return fmt.Errorf("dlock: lock %q: %w", m.key, ctx.Err())
 	}
 	c := m.c
+	if err := c.begin(); err != nil {
+		return fmt.Errorf("dlock: lock %q: %w", m.key, err)
+	}
+	defer c.finish()
 	start := time.Now()
 	ctx, span := c.tel.lockSpan(ctx, name, m.key, c.owner)
 	var l *Lease
@@ -101,22 +131,29 @@ func (m *Mutex) lock(ctx context.Context, name string, try bool) (err error) {
 	if err != nil {
 		return fmt.Errorf("dlock: lock %q: %w", m.key, err)
 	}
-	if l == nil {
+	if l != nil && errors.Is(l.Err(), ErrReleased) { // handed over as the Client closed
+		l = nil
+		c.leave(m.key)
+		return fmt.Errorf("dlock: lock %q: %w", m.key, ErrClosed)
+	}
+	if l == nil || l.Err() != nil { // nothing handed over, or a handoff answered too late to use
 		l, attempts, err = c.acquire(ctx, m, try)
 		if err != nil {
-			c.leave(m.key, nil, nil)
+			c.leave(m.key)
 			l = nil
 			return fmt.Errorf("dlock: lock %q: %w", m.key, err)
 		}
-	} else if errors.Is(l.ended(), ErrReleased) { // handed over as the Client closed
-		l = nil
-		return fmt.Errorf("dlock: lock %q: %w", m.key, ErrClosed)
 	}
 	m.mu.Lock()
 	m.lease = l
 	m.mu.Unlock()
 	return nil
 }
+
+// Errors of one acquire attempt that the caller may retry.
+var (
+	errLateReply = errors.New("dlock: the acquire was answered after the lease's local deadline")
+)
 
 // acquire takes the key for m, holding this Client's slot for it. It
 // returns the lease, the number of acquire attempts, and an error when ctx
@@ -125,27 +162,36 @@ func (m *Mutex) lock(ctx context.Context, name string, try bool) (err error) {
 //
 // Each poll of a held key is an acquire attempt, one command that takes the
 // key when it is free: a waiter that finds the key freed takes it in the
-// same command that found it. The record is read only to start a watch on
-// the holder's revision, when a wait outlasts its first poll (a TryLock
-// reads at once), and again when that watch says the revision may be taken
-// over.
+// same command that found it. All the attempts of one call carry one hold
+// id, so a retry after an unanswered attempt finds that attempt's hold
+// its own. The record is read to start a watch on the holder's revision,
+// when a wait outlasts its first poll (a TryLock reads at once), again when
+// that watch says the revision may be taken over, and, while the Lock span
+// is recorded, to name each new holder in it. A read that shows the key
+// takeable is followed by an attempt at once, but only once: if that
+// attempt fails too (a lagging read), the next waits for the poll.
 func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, error) {
+	a := attempt{key: m.key, owner: c.owner, hold: c.holds.Add(1), ttl: m.cfg.ttl}
 	var (
-		w        watch
-		polls    *poller
-		attempts int
-		unsure   bool   // an acquire may have applied without our seeing the reply
-		lastErr  error  // the last transient failure
-		holder   record // the last holder reported to the trace
-		events   int    // holders reported
+		w          watch
+		polls      *poller
+		attempts   int
+		unsure     bool   // an attempt may have applied without our seeing the reply
+		rushed     bool   // this attempt followed a read at once
+		lastErr    error  // the last transient failure
+		holder     record // the last holder reported to the trace
+		events     int    // holders reported
+		traceReads int    // reads made only for the trace
 	)
+	tracing := trace.SpanFromContext(ctx).IsRecording()
 	giveUp := func(err error) (*Lease, int, error) {
 		if unsure {
-			ctx, cancel := detached(ctx, m.cfg.ttl)
-			c.store.abandon(ctx, m.key, c.owner)
-			cancel()
+			c.tidy(a.ttl, func(ctx context.Context) { c.store.abandon(ctx, a) })
 		}
-		if lastErr != nil && err != lastErr {
+		switch {
+		case ctx.Err() != nil && !errors.Is(err, ErrClosed):
+			err = ctx.Err() // not the driver's account of the cancelled command
+		case lastErr != nil && err != lastErr:
 			err = fmt.Errorf("%w (last error: %w)", err, lastErr)
 		}
 		return nil, attempts, err
@@ -153,12 +199,25 @@ func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, 
 	for {
 		attempts++
 		sent := c.clock.Now()
-		r, err := c.store.acquire(ctx, m.key, c.owner, m.cfg.ttl, w.takeover(sent))
+		r, err := c.store.acquire(ctx, a, w.takeover(sent))
 		switch {
 		case err == nil:
 			l := c.newLease(m, r, sent)
-			if !c.ext.add(l) {
-				return giveUp(ErrClosed)
+			if c.isClosing() || !c.ext.add(l) {
+				// Won as Close began: give it back before Close's own
+				// release, which waits for this call.
+				ctx, cancel := detached(ctx, a.ttl)
+				c.store.release(ctx, l.ref())
+				cancel()
+				l.end(ErrReleased, "")
+				return nil, attempts, ErrClosed
+			}
+			if l.Err() != nil {
+				// Answered too late to rely on: the hold is ours on the
+				// server, and the next attempt renews it (same hold id).
+				l.end(ErrReleased, "")
+				unsure, err = true, errLateReply
+				break
 			}
 			if polls != nil {
 				m.mu.Lock()
@@ -168,13 +227,17 @@ func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, 
 			return l, attempts, nil
 		case !errors.Is(err, errHeld):
 			unsure = true
-		case (w.rev == 0 && (try || attempts > 1)) || w.takeover(c.clock.Now()) != 0:
-			// Held, and no watch yet on a wait that outlasted its first
-			// poll, or the watched revision was due for takeover: read
-			// what holds it now.
-			r, err = c.observe(ctx, m.key, &w)
-			if err == nil && (r.free() || r.Owner == c.owner || w.takeover(c.clock.Now()) != 0) {
-				continue // freed meanwhile, ours from an acquire whose reply was lost, or due
+		case rushed:
+			err = nil // wait for the poll: see the doc comment
+		case (w.rev == 0 && (try || attempts > 1)) || w.takeover(c.clock.Now()) != 0 ||
+			tracing && events < maxHeldEvents && traceReads < 2*maxHeldEvents:
+			if w.rev != 0 && w.takeover(c.clock.Now()) == 0 {
+				traceReads++
+			}
+			r, err = c.observe(ctx, a, &w)
+			if err == nil && (r.free() || w.takeover(c.clock.Now()) != 0) {
+				rushed = true
+				continue // freed meanwhile, a hold of ours no call uses, or due
 			}
 			if err == nil && events < maxHeldEvents && (r.Owner != holder.Owner || r.Token != holder.Token) {
 				c.tel.heldBy(ctx, r)
@@ -184,15 +247,16 @@ func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, 
 		default:
 			err = nil
 		}
+		rushed = false
 		switch {
-		case err != nil && (try || ctx.Err() != nil || !transient(err)):
+		case err != nil && (try || ctx.Err() != nil || !(transient(err) || err == errLateReply)):
 			return giveUp(err)
 		case err != nil:
 			// Retry after the wait. A retried acquire that did apply the
 			// first time finds the key ours.
 			lastErr = err
 		case try:
-			return giveUp(ErrLocked)
+			return giveUp(errLockedElsewhere)
 		}
 		now := c.clock.Now()
 		if polls == nil {
@@ -218,27 +282,35 @@ func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, 
 	}
 }
 
-// observe reads key's record into w. When the record's revision is new to
-// w, it also estimates the server's clock (reading it when the last reading
-// is over a TTL old), so that a record written long ago by the server's
-// clock can be taken over without waiting a further TTL.
-func (c *Client) observe(ctx context.Context, key string, w *watch) (record, error) {
-	r, err := c.store.read(ctx, key)
-	if err != nil || r.free() || r.Owner == c.owner {
+// observe reads a's key's record into w. A hold of this Client's that no
+// call of it uses (an earlier attempt's, whose Lock gave up before its
+// reply came, or a lease that was lost) may be taken over at once: this
+// call holds the Client's slot for the key, so no other call of it relies
+// on that hold. With [WithServerClockTakeover], when the record's revision
+// is new to w, it also estimates the server's clock (reading it when the
+// last reading is over a TTL old), so that a record written long ago by the
+// server's clock can be taken over without waiting a further TTL.
+func (c *Client) observe(ctx context.Context, a attempt, w *watch) (record, error) {
+	r, err := c.store.read(ctx, a.key)
+	if err != nil || r.free() {
 		return r, err
+	}
+	if r.Owner == c.owner {
+		w.orphan(r, c.clock.Now())
+		return r, nil
 	}
 	elapsed := time.Duration(-1)
 	if r.Rev != w.rev && c.serverClock.reported() {
 		now, ok := c.serverClock.estimate(c.clock.Now(), r.TTL)
 		if !ok {
+			sent := c.clock.Now()
 			switch t, reported, err := c.store.serverTime(ctx); {
 			case err != nil:
 				// Not fatal: wait a full TTL on our own clock instead.
 			case !reported:
 				c.serverClock.markUnsupported()
 			default:
-				c.serverClock.record(t, c.clock.Now())
-				now, ok = t, true
+				now, ok = c.serverClock.record(t, sent, c.clock.Now())
 			}
 		}
 		if ok {

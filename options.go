@@ -21,6 +21,10 @@ const (
 	DefaultMaxBackoff = 250 * time.Millisecond
 )
 
+// MaxExtendInterval is the longest extension interval, as a share of the
+// TTL, that [WithExtendInterval] accepts: half the holder's local deadline.
+const MaxExtendInterval = (1-MaxClockDrift)/(1+MaxClockDrift)/2 - lostGuard/2
+
 // MaxKeyLen is the longest key, in bytes.
 const MaxKeyLen = 1024
 
@@ -41,6 +45,7 @@ type config struct {
 	maxBackoff  time.Duration
 
 	// Client-wide.
+	serverClock    bool // WithServerClockTakeover
 	owner          string
 	clock          clock
 	tracerProvider trace.TracerProvider
@@ -82,8 +87,13 @@ func WithTTL(d time.Duration) Option {
 }
 
 // WithExtendInterval sets how often a held lease is extended in the
-// background. It must be positive and shorter than the TTL; the default is
-// a third of the TTL. A failed extension is retried sooner.
+// background; the default is a third of the TTL. A failed extension is
+// retried after a quarter of the interval, and a hung one is given up after
+// half the time left before the lease's local deadline, so that a retry
+// still fits. So the interval must be positive and at most half the
+// holder's local deadline, which is just under the TTL (see the package
+// documentation): at most [MaxExtendInterval] of the TTL. Then a first
+// extension that fails still leaves half the lease for retries.
 func WithExtendInterval(d time.Duration) Option {
 	return optionFunc(func(c *config) {
 		if d <= 0 {
@@ -123,6 +133,29 @@ func WithOwner(id string) Option {
 	})
 }
 
+// WithServerClockTakeover lets waiters count the server's clock towards
+// taking over a key whose holder stopped extending it: a key abandoned more
+// than a TTL ago by the server's clock is then taken at once, instead of
+// after a TTL of watching it unchanged on the waiter's own clock. Client
+// only; off by default.
+//
+// It assumes what dlock otherwise never does: that one clock, the server's,
+// stamps every lock document and answers every hello, and that this clock
+// is not stepped while a lock is held. That holds for a standalone server
+// with a clock that is only slewed, never stepped. It does not hold for a
+// sharded cluster (mongos answers hello; the shard stamps the document),
+// nor across a replica-set failover to a member whose clock differs by more
+// than 1% of the TTL, nor when the server's clock is stepped by NTP, a
+// virtual machine's resume or a person: a step forward of D between a
+// holder's write and a waiter's reading lets the waiter take the key up to
+// D early, while the holder still believes it holds it. dlock compares
+// successive readings of the server's clock with its own and stops counting
+// the server's clock when they disagree, but it cannot see a step that came
+// before its first reading.
+func WithServerClockTakeover(on bool) Option {
+	return clientOnly("WithServerClockTakeover", func(c *config) { c.serverClock = on })
+}
+
 // withClock sets the clock the lease logic reads; tests use it to skew and
 // drift clients' clocks. Client only.
 func withClock(k clock) Option {
@@ -141,8 +174,9 @@ func (c *config) validate() error {
 	if c.ttl < time.Millisecond {
 		return fmt.Errorf("%w: TTL %v is shorter than a millisecond", ErrInvalidOption, c.ttl)
 	}
-	if c.extendEvery >= c.ttl {
-		return fmt.Errorf("%w: extend interval %v is not shorter than the TTL %v", ErrInvalidOption, c.extendEvery, c.ttl)
+	if c.extendEvery > holdFor(c.ttl)/2 {
+		return fmt.Errorf("%w: extend interval %v leaves no room to retry a failed extension within the TTL %v: at most %v (half the holder's local deadline)",
+			ErrInvalidOption, c.extendEvery, c.ttl, holdFor(c.ttl)/2)
 	}
 	return nil
 }

@@ -15,15 +15,28 @@ type record struct {
 	Rev   int64         // bumped by every write: acquire, extend, release
 	TTL   time.Duration // the holder's lease duration
 	At    time.Time     // the server's clock at the last write
+	Hold  int64         // names the acquisition (or handoff) that made the hold, unique per owner
 }
 
 func (r record) free() bool { return r.Owner == "" }
 
-// lease identifies one hold in the store.
+// leaseRef identifies one hold in the store.
 type leaseRef struct {
 	key   string
 	owner string
 	token Token
+	ttl   time.Duration
+}
+
+// An attempt is one Lock call's claim on a key: every acquire it sends
+// carries the same hold id, unique among its owner's, so that a retry
+// finds a hold an earlier unanswered send made ("ours"), and so that the
+// clean-up of an attempt whose outcome is unknown (abandon) matches that
+// hold alone, never a later hold of the same owner.
+type attempt struct {
+	key   string
+	owner string
+	hold  int64
 	ttl   time.Duration
 }
 
@@ -38,13 +51,15 @@ var (
 // round trip unless its comment says otherwise, and each write is atomic on
 // one record.
 type store interface {
-	// acquire makes owner the holder of key with a new token if the record
-	// is absent, free, already owner's, or still at revision takeover (0
-	// for none). It returns the record written, or errHeld.
-	acquire(ctx context.Context, key, owner string, ttl time.Duration, takeover int64) (record, error)
-	// handoff passes a hold to a new hold of the same owner with a new token
-	// and ttl; errNotOwner when ref no longer holds the key.
-	handoff(ctx context.Context, ref leaseRef, ttl time.Duration) (record, error)
+	// acquire makes a.owner the holder of a.key with a new token and hold
+	// id a.hold if the record is absent, free, already held by this very
+	// attempt (same owner and hold), or still at revision takeover (0 for
+	// none). It returns the record written, or errHeld.
+	acquire(ctx context.Context, a attempt, takeover int64) (record, error)
+	// handoff passes a hold to a new hold of the same owner with a new
+	// token, the hold id hold and ttl; errNotOwner when ref no longer holds
+	// the key.
+	handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration) (record, error)
 	// extend refreshes every hold in refs in one write command (or a few,
 	// on servers that handle big commands badly: see ferretBatch), and
 	// reports for each whether it is still held. When some are not, it spends a second round
@@ -55,9 +70,10 @@ type store interface {
 	// releaseAll frees, in one write command (or a few, as extend), every
 	// hold in refs that is still held.
 	releaseAll(ctx context.Context, refs []leaseRef) error
-	// abandon frees key if owner holds it, whatever the token: used after
-	// an acquire whose outcome is unknown.
-	abandon(ctx context.Context, key, owner string) error
+	// abandon frees a.key if attempt a holds it (same owner and hold id):
+	// used after an acquire whose outcome is unknown. It cannot touch a
+	// later hold, even of the same owner.
+	abandon(ctx context.Context, a attempt) error
 	// read returns the record for key (the zero record when absent).
 	read(ctx context.Context, key string) (record, error)
 	// serverTime returns the server's clock, or ok=false when the server

@@ -11,16 +11,18 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
+	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 )
 
-// Field names of a lock document: {_id: key, owner, token, rev, ttl, at}.
+// Field names of a lock document: {_id: key, owner, token, rev, ttl, at, hold}.
 const (
 	fOwner = "owner"
 	fToken = "token"
 	fRev   = "rev"
 	fTTL   = "ttl" // milliseconds
 	fAt    = "at"
+	fHold  = "hold"
 )
 
 // lockDoc is the stored form of a record.
@@ -30,10 +32,11 @@ type lockDoc struct {
 	Rev   int64     `bson:"rev"`
 	TTL   int64     `bson:"ttl"`
 	At    time.Time `bson:"at"`
+	Hold  int64     `bson:"hold"`
 }
 
 func (d lockDoc) record() record {
-	return record{Owner: d.Owner, Token: Token(d.Token), Rev: d.Rev, TTL: time.Duration(d.TTL) * time.Millisecond, At: d.At}
+	return record{Owner: d.Owner, Token: Token(d.Token), Rev: d.Rev, TTL: time.Duration(d.TTL) * time.Millisecond, At: d.At, Hold: d.Hold}
 }
 
 // mongoStore keeps one document per key in a collection. It relies only on
@@ -59,7 +62,8 @@ const ferretBatch = 64
 func newMongoStore(coll *mongo.Collection, counted func(context.Context, int)) *mongoStore {
 	coll = coll.Clone(options.Collection().
 		SetWriteConcern(writeconcern.Majority()).
-		SetReadConcern(readconcern.Majority()))
+		SetReadConcern(readconcern.Majority()).
+		SetReadPreference(readpref.Primary())) // a lagging secondary would show a stale holder
 	return &mongoStore{coll: coll, counted: counted, maxBatch: -1}
 }
 
@@ -68,9 +72,9 @@ func ttlMillis(ttl time.Duration) int64 {
 }
 
 // newHold is the update that starts a hold: a new token, a new revision.
-func newHold(owner string, ttl time.Duration) bson.D {
+func newHold(owner string, hold int64, ttl time.Duration) bson.D {
 	return bson.D{
-		{Key: "$set", Value: bson.D{{Key: fOwner, Value: owner}, {Key: fTTL, Value: ttlMillis(ttl)}}},
+		{Key: "$set", Value: bson.D{{Key: fOwner, Value: owner}, {Key: fTTL, Value: ttlMillis(ttl)}, {Key: fHold, Value: hold}}},
 		{Key: "$inc", Value: bson.D{{Key: fToken, Value: int64(1)}, {Key: fRev, Value: int64(1)}}},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}
@@ -94,29 +98,43 @@ func held(ref leaseRef) bson.D {
 	return bson.D{{Key: "_id", Value: ref.key}, {Key: fOwner, Value: ref.owner}, {Key: fToken, Value: int64(ref.token)}}
 }
 
-func (s *mongoStore) acquire(ctx context.Context, key, owner string, ttl time.Duration, takeover int64) (record, error) {
-	or := bson.A{bson.D{{Key: fOwner, Value: ""}}, bson.D{{Key: fOwner, Value: owner}}}
+func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover int64) (record, error) {
+	ours := bson.D{{Key: fOwner, Value: a.owner}, {Key: fHold, Value: a.hold}}
+	or := bson.A{bson.D{{Key: fOwner, Value: ""}}, ours}
 	if takeover != 0 {
 		or = append(or, bson.D{{Key: fRev, Value: takeover}})
 	}
-	filter := bson.D{{Key: "_id", Value: key}, {Key: "$or", Value: or}}
+	filter := bson.D{{Key: "_id", Value: a.key}, {Key: "$or", Value: or}}
 	s.counted(ctx, 1)
 	var d lockDoc
-	err := s.coll.FindOneAndUpdate(ctx, filter, newHold(owner, ttl), upsertAfter).Decode(&d)
+	err := s.coll.FindOneAndUpdate(ctx, filter, newHold(a.owner, a.hold, a.ttl), upsertAfter).Decode(&d)
 	switch {
 	case err == nil:
 		return d.record(), nil
-	case mongo.IsDuplicateKeyError(err):
+	case duplicateKey(err):
 		// The record exists and the filter did not match: someone else holds it.
 		return record{}, errHeld
 	default:
-		return record{}, fmt.Errorf("dlock: acquire %q: %w", key, err)
+		return record{}, fmt.Errorf("dlock: acquire %q: %w", a.key, err)
 	}
 }
 
-func (s *mongoStore) handoff(ctx context.Context, ref leaseRef, ttl time.Duration) (record, error) {
+// duplicateKey reports whether err says that an upsert found the document
+// already there. MongoDB and FerretDB v1 answer DuplicateKey (11000);
+// FerretDB v2 answers a findAndModify upsert with code 1, InternalError,
+// carrying PostgreSQL's unique-violation message (its plain update and
+// insert upserts do answer 11000).
+func duplicateKey(err error) bool {
+	if mongo.IsDuplicateKeyError(err) {
+		return true
+	}
+	var se mongo.ServerError
+	return errors.As(err, &se) && se.HasErrorCodeWithMessage(1, "duplicate key value violates unique constraint")
+}
+
+func (s *mongoStore) handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration) (record, error) {
 	update := bson.D{
-		{Key: "$set", Value: bson.D{{Key: fTTL, Value: ttlMillis(ttl)}}},
+		{Key: "$set", Value: bson.D{{Key: fTTL, Value: ttlMillis(ttl)}, {Key: fHold, Value: hold}}},
 		{Key: "$inc", Value: bson.D{{Key: fToken, Value: int64(1)}, {Key: fRev, Value: int64(1)}}},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}
@@ -232,22 +250,22 @@ func (s *mongoStore) bulkUpdate(ctx context.Context, models []mongo.WriteModel) 
 }
 
 // batchLimit returns how many statements to put in one command, asking
-// the server what it is the first time: n on MongoDB, [ferretBatch] on
-// FerretDB (its buildInfo reply names its version).
+// the server what it is the first time: [ferretBatch] on FerretDB v1 (its
+// buildInfo has ferretdbVersion), n elsewhere. FerretDB v2 (buildInfo
+// ferretdb.version) runs on PostgreSQL with DocumentDB and takes big
+// commands whole, as MongoDB does.
 func (s *mongoStore) batchLimit(ctx context.Context, n int) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.maxBatch < 0 {
 		s.counted(ctx, 1)
-		var info struct {
-			FerretDB string `bson:"ferretdbVersion"`
-		}
+		var info buildInfo
 		err := s.coll.Database().RunCommand(ctx, bson.D{{Key: "buildInfo", Value: 1}}).Decode(&info)
 		if err != nil {
 			return 0, fmt.Errorf("buildInfo: %w", err)
 		}
 		s.maxBatch = 0
-		if info.FerretDB != "" {
+		if info.ferretV1() {
 			s.maxBatch = ferretBatch
 		}
 	}
@@ -257,11 +275,20 @@ func (s *mongoStore) batchLimit(ctx context.Context, n int) (int, error) {
 	return s.maxBatch, nil
 }
 
-func (s *mongoStore) abandon(ctx context.Context, key, owner string) error {
+// buildInfo is what dlock reads of the buildInfo reply. FerretDB v1 names
+// itself in ferretdbVersion; FerretDB v2 in ferretdb.version, and needs no
+// cap, so it is not read.
+type buildInfo struct {
+	FerretDBVersion string `bson:"ferretdbVersion"`
+}
+
+func (b buildInfo) ferretV1() bool { return b.FerretDBVersion != "" }
+
+func (s *mongoStore) abandon(ctx context.Context, a attempt) error {
 	s.counted(ctx, 1)
-	_, err := s.coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: key}, {Key: fOwner, Value: owner}}, free)
+	_, err := s.coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: a.key}, {Key: fOwner, Value: a.owner}, {Key: fHold, Value: a.hold}}, free)
 	if err != nil {
-		return fmt.Errorf("dlock: abandon %q: %w", key, err)
+		return fmt.Errorf("dlock: abandon %q: %w", a.key, err)
 	}
 	return nil
 }

@@ -1,0 +1,493 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Tests of the lease core on the in-memory store, inside testing/synctest
+// bubbles: time is the bubble's fake clock, so a TTL passes in no real time
+// and every duration asserted here is exact. Faults come from hooks on the
+// store's operations.
+
+// A hook runs in place of one store operation: call applies it at the
+// store, and the hook decides when, whether, and what the caller hears.
+type hook func(ctx context.Context, call func() error) error
+
+// hooked wraps a store with hooks, set and cleared while the test runs.
+type hooked struct {
+	store
+	mu    sync.Mutex
+	hooks map[string]hook // guarded by mu
+	calls map[string]int  // guarded by mu
+}
+
+func (h *hooked) on(op string, f hook) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.hooks[op] = f
+}
+
+func (h *hooked) count(op string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.calls[op]
+}
+
+func (h *hooked) run(ctx context.Context, op string, call func() error) error {
+	h.mu.Lock()
+	f := h.hooks[op]
+	h.calls[op]++
+	h.mu.Unlock()
+	if f == nil {
+		return call()
+	}
+	return f(ctx, call)
+}
+
+func (h *hooked) acquire(ctx context.Context, a attempt, takeover int64) (r record, err error) {
+	err = h.run(ctx, "acquire", func() (err error) { r, err = h.store.acquire(ctx, a, takeover); return err })
+	return r, err
+}
+
+func (h *hooked) handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration) (r record, err error) {
+	err = h.run(ctx, "handoff", func() (err error) { r, err = h.store.handoff(ctx, ref, hold, ttl); return err })
+	return r, err
+}
+
+func (h *hooked) extend(ctx context.Context, refs []leaseRef) (ok []bool, err error) {
+	err = h.run(ctx, "extend", func() (err error) { ok, err = h.store.extend(ctx, refs); return err })
+	return ok, err
+}
+
+func (h *hooked) release(ctx context.Context, ref leaseRef) error {
+	return h.run(ctx, "release", func() error { return h.store.release(ctx, ref) })
+}
+
+func (h *hooked) releaseAll(ctx context.Context, refs []leaseRef) error {
+	return h.run(ctx, "releaseAll", func() error { return h.store.releaseAll(ctx, refs) })
+}
+
+func (h *hooked) abandon(ctx context.Context, a attempt) error {
+	return h.run(ctx, "abandon", func() error { return h.store.abandon(ctx, a) })
+}
+
+func (h *hooked) read(ctx context.Context, key string) (r record, err error) {
+	err = h.run(ctx, "read", func() (err error) { r, err = h.store.read(ctx, key); return err })
+	return r, err
+}
+
+func (h *hooked) serverTime(ctx context.Context) (t time.Time, ok bool, err error) {
+	err = h.run(ctx, "serverTime", func() (err error) { t, ok, err = h.store.serverTime(ctx); return err })
+	return t, ok, err
+}
+
+// Hooks.
+
+// failing fails without reaching the store, as a dead network would.
+func failing(context.Context, func() error) error { return errInjected }
+
+// lateReply applies at once and answers d later.
+func lateReply(d time.Duration) hook {
+	return func(_ context.Context, call func() error) error {
+		err := call()
+		time.Sleep(d)
+		return err
+	}
+}
+
+// applyThenHang applies at once and never answers: the caller's ctx ends
+// the call, as the driver's timeout would.
+func applyThenHang(ctx context.Context, call func() error) error {
+	call()
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// hang never reaches the store, and never answers.
+func hang(ctx context.Context, _ func() error) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// memClient returns a Client on st, with hooks, closed when the test ends.
+// Call it inside a bubble.
+func memClient(t *testing.T, st store, opts ...Option) (*Client, *hooked) {
+	t.Helper()
+	h := &hooked{store: st, hooks: map[string]hook{}, calls: map[string]int{}}
+	c, err := newClientOn(func(*telemetry) store { return h }, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c, h
+}
+
+// holder returns the record of key in st.
+func holder(st *memStore, key string) record {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.records[key]
+}
+
+// Issue: a late abandon freed a newer hold. G1's acquire applies but its
+// reply never comes; its Lock gives up and sends the clean-up, which is
+// slow too; G2, of the same Client, takes the key (the record is its
+// Client's, from a call that gave up); then G1's clean-up lands. It must
+// not free G2's hold: a third party still finds the key locked, and G2's
+// lease is valid.
+func TestLateAbandonCannotFreeLaterHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		a, h := memClient(t, st, WithTTL(10*time.Second))
+		b, _ := memClient(t, st)
+		h.on("acquire", applyThenHang)
+		abandonGo, abandoned := make(chan struct{}), make(chan struct{})
+		h.on("abandon", func(_ context.Context, call func() error) error {
+			<-abandonGo
+			defer close(abandoned)
+			return call() // with a context of its own: it lands late, but it lands
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, a.NewMutex("k").Lock(ctx), context.DeadlineExceeded)
+		assert.Equal(t, a.owner, holder(st, "k").Owner, "the unanswered acquire applied")
+
+		h.on("acquire", nil)
+		g2 := a.NewMutex("k")
+		require.NoError(t, g2.Lock(context.Background()), "the Client takes over its own abandoned hold")
+		close(abandonGo)
+		<-abandoned
+
+		require.ErrorIs(t, b.NewMutex("k").TryLock(context.Background()), ErrLocked, "the late clean-up freed the newer hold")
+		require.NoError(t, g2.Lease().Err())
+		assert.Equal(t, g2.Lease().Token(), holder(st, "k").Token)
+	})
+}
+
+// Issue: Close racing an in-flight acquire left the key held for a TTL.
+// Close waits for the Lock under way; the Lock, answered after Close began,
+// gives the hold back and returns ErrClosed; the key is free when Close
+// returns.
+func TestCloseDuringAcquire(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		c, h := memClient(t, st)
+		answer := make(chan struct{})
+		h.on("acquire", func(_ context.Context, call func() error) error {
+			err := call()
+			<-answer
+			return err
+		})
+		locked := make(chan error)
+		go func() { locked <- c.NewMutex("k").Lock(context.Background()) }()
+		synctest.Wait() // the acquire has applied; its reply is held back
+		closed := make(chan error)
+		go func() { closed <- c.Close(context.Background()) }()
+		synctest.Wait()
+		select {
+		case <-closed:
+			t.Fatal("Close returned while a Lock it could wait for was under way")
+		default:
+		}
+		close(answer)
+		require.ErrorIs(t, <-locked, ErrClosed)
+		require.NoError(t, <-closed)
+		assert.Equal(t, "", holder(st, "k").Owner, "key left held after Close")
+	})
+}
+
+// Issue: Close's bulk release could land before a concurrent Unlock's
+// handoff. Close now waits for the Unlock; the hold passed on is then
+// released by Close, and nothing is left held.
+func TestCloseDuringHandoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		c, h := memClient(t, st)
+		m := c.NewMutex("k")
+		require.NoError(t, m.Lock(context.Background()))
+		m2 := c.NewMutex("k")
+		got := make(chan error)
+		go func() { got <- m2.Lock(context.Background()) }()
+		synctest.Wait() // queued
+		answer := make(chan struct{})
+		h.on("handoff", func(_ context.Context, call func() error) error {
+			<-answer
+			return call()
+		})
+		unlocked := make(chan error)
+		go func() { unlocked <- m.Unlock(context.Background()) }()
+		synctest.Wait()
+		closed := make(chan error)
+		go func() { closed <- c.Close(context.Background()) }()
+		synctest.Wait()
+		close(answer)
+		require.NoError(t, <-unlocked)
+		lockErr := <-got
+		require.NoError(t, <-closed)
+		if lockErr == nil {
+			require.ErrorIs(t, m2.Lease().Err(), ErrReleased, "Close ends the lease handed over")
+		} else {
+			require.ErrorIs(t, lockErr, ErrClosed)
+		}
+		assert.Equal(t, "", holder(st, "k").Owner, "key left held after Close")
+	})
+}
+
+// Issue: a local waiter whose ctx ends while the hold is being handed to
+// it waited for the handoff's reply (3 s for a 200 ms ctx). It returns when
+// its ctx ends, and the hold it was handed is given back.
+func TestWaiterLeavesDuringHandoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		c, h := memClient(t, st)
+		m := c.NewMutex("k")
+		require.NoError(t, m.Lock(context.Background()))
+		h.on("handoff", func(_ context.Context, call func() error) error {
+			time.Sleep(3 * time.Second)
+			return call()
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		got := make(chan error)
+		go func() { got <- c.NewMutex("k").Lock(ctx) }()
+		synctest.Wait() // queued
+		unlocked := make(chan error)
+		go func() { unlocked <- m.Unlock(context.Background()) }()
+		require.ErrorIs(t, <-got, context.DeadlineExceeded)
+		assert.Equal(t, 200*time.Millisecond, time.Since(start), "Lock returned late")
+		require.NoError(t, <-unlocked)
+		synctest.Wait() // the hold handed to nobody is given back in the background
+		assert.Equal(t, "", holder(st, "k").Owner, "the hold handed to a waiter that left is left held")
+		require.NoError(t, c.NewMutex("k").TryLock(context.Background()))
+	})
+}
+
+// Issue: a read that shows the key free while acquires fail (a lagging
+// secondary) made the loop spin with no wait. Each failed attempt after a
+// read is followed by a poll wait: in 300 ms, a handful of commands.
+func TestNoSpinOnLaggingReads(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		a, _ := memClient(t, st)
+		require.NoError(t, a.NewMutex("k").Lock(context.Background()))
+		b, h := memClient(t, st)
+		h.on("read", func(ctx context.Context, call func() error) error {
+			if h.count("read") > 1000 {
+				t.Error("spinning")
+				return errors.New("spinning") // not transient: Lock gives up
+			}
+			return nil // a lagging read: the zero record, free
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, b.NewMutex("k").Lock(ctx), context.DeadlineExceeded)
+		// Polls start at 5 ms and double to 250 ms: about 7 in 300 ms,
+		// each at most an acquire, a read, and the acquire the read called for.
+		assert.LessOrEqual(t, h.count("acquire")+h.count("read"), 3*8)
+	})
+}
+
+// Issue: Unlock of a lease already lost blocked for the driver's timeout
+// on a frozen server. It returns the lease's error at once; the tidy-up
+// runs in the background, and Close stops it.
+func TestUnlockLostLeaseReturnsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		c, h := memClient(t, st, WithTTL(time.Second))
+		m := c.NewMutex("k")
+		require.NoError(t, m.Lock(context.Background()))
+		l := m.Lease()
+		h.on("extend", hang) // the server is frozen
+		h.on("release", hang)
+		<-l.Lost()
+		start := time.Now()
+		err := m.Unlock(context.Background())
+		var lost *LeaseLostError
+		require.ErrorAs(t, err, &lost)
+		assert.Equal(t, l.Token(), lost.Token)
+		assert.Zero(t, time.Since(start), "Unlock of a lost lease waited")
+		synctest.Wait()
+		assert.Equal(t, 1, h.count("release"), "the tidy-up is sent in the background")
+		start = time.Now()
+		require.NoError(t, c.Close(context.Background()))
+		assert.LessOrEqual(t, time.Since(start), cleanupTimeout, "Close waits for the tidy-up at most its bound")
+	})
+}
+
+// Issue: a Lock with a ctx already done sent a clean-up write, and its
+// error carried the driver's internals. It returns at once, sends nothing,
+// and its error is the ctx's.
+func TestLockWithDoneContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		c, _ := memClient(t, st)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		for _, lock := range []func(*Mutex, context.Context) error{(*Mutex).Lock, (*Mutex).TryLock} {
+			err := lock(c.NewMutex("k"), ctx)
+			require.ErrorIs(t, err, context.Canceled)
+			assert.Equal(t, `dlock: lock "k": context canceled`, err.Error())
+		}
+		assert.Zero(t, st.commands.Load(), "commands sent")
+	})
+}
+
+// A Lock whose ctx ends while its acquire is in flight returns the ctx's
+// error, not the store's account of the cancelled command, and the hold it
+// may have won is given back.
+func TestLockCancelledInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		c, h := memClient(t, st)
+		h.on("acquire", func(ctx context.Context, call func() error) error {
+			call()
+			<-ctx.Done()
+			return errors.Join(errors.New("connection pool internals"), ctx.Err())
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		defer cancel()
+		err := c.NewMutex("k").Lock(ctx)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.NotContains(t, err.Error(), "pool")
+		require.NoError(t, c.Close(context.Background())) // waits for the clean-up
+		assert.Equal(t, "", holder(st, "k").Owner)
+	})
+}
+
+// Issue: the zero Mutex panicked.
+func TestZeroMutex(t *testing.T) {
+	var m Mutex
+	require.ErrorIs(t, m.Lock(context.Background()), ErrNoClient)
+	require.ErrorIs(t, m.TryLock(context.Background()), ErrNoClient)
+	require.ErrorIs(t, m.Unlock(context.Background()), ErrNotHeld)
+	assert.Nil(t, m.Lease())
+	var nilMutex *Mutex
+	require.ErrorIs(t, nilMutex.Lock(context.Background()), ErrNoClient)
+}
+
+// Issue: TryLock on a key this Client holds said "locked by another
+// owner". It says what is true.
+func TestTryLockSaysWhoHolds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		a, _ := memClient(t, st)
+		b, _ := memClient(t, st)
+		require.NoError(t, a.NewMutex("k").Lock(context.Background()))
+		here := a.NewMutex("k").TryLock(context.Background())
+		require.ErrorIs(t, here, ErrLocked)
+		assert.Contains(t, here.Error(), "by this Client")
+		there := b.NewMutex("k").TryLock(context.Background())
+		require.ErrorIs(t, there, ErrLocked)
+		assert.Contains(t, there.Error(), "by another owner")
+	})
+}
+
+// Decisions on three edges, so that code and docs agree: (1) a Release
+// racing Close returns nil or ErrClosed, never ErrReleased; (2) a lease
+// past its local deadline that the background goroutine has not yet
+// ended is lost: Release returns its *LeaseLostError and does not hand
+// the key over; (3) Lock never returns a lease that has already ended: an
+// acquire answered after the local deadline is retried.
+func TestReleaseRacingClose(t *testing.T) {
+	for i := range 20 {
+		synctest.Test(t, func(t *testing.T) {
+			st := newMemStore()
+			c, _ := memClient(t, st)
+			m := c.NewMutex("k")
+			require.NoError(t, m.Lock(context.Background()))
+			unlocked := make(chan error)
+			go func() {
+				time.Sleep(time.Duration(i%3) * time.Millisecond)
+				unlocked <- m.Unlock(context.Background())
+			}()
+			time.Sleep(time.Duration(i%2) * time.Millisecond)
+			require.NoError(t, c.Close(context.Background()))
+			if err := <-unlocked; err != nil {
+				require.ErrorIs(t, err, ErrClosed)
+			}
+		})
+	}
+}
+
+// manualClock is a clock that moves only when told, whose timers never
+// fire: the extender never runs on its own.
+type manualClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *manualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *manualClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+func (c *manualClock) NewTimer(time.Duration) *time.Timer { return time.NewTimer(24 * time.Hour) }
+
+func TestLeasePastDeadlineIsLost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		clk := &manualClock{now: time.Unix(1e9, 0)}
+		ttl := 10 * time.Second
+		c, h := memClient(t, st, WithTTL(ttl), withClock(clk))
+		m := c.NewMutex("k")
+		require.NoError(t, m.Lock(context.Background()))
+		l := m.Lease()
+		clk.advance(holdFor(ttl) - time.Nanosecond)
+		require.NoError(t, l.Err())
+		clk.advance(time.Nanosecond) // the deadline; the extender has not run
+		require.ErrorIs(t, l.Err(), ErrLeaseLost, "Err must read the clock")
+		require.True(t, waitClosed(l.Lost(), 0))
+
+		require.ErrorIs(t, m.Unlock(context.Background()), ErrLeaseLost)
+
+		// Released past its deadline, with a waiter: no handoff.
+		require.NoError(t, m.Lock(context.Background()))
+		l = m.Lease()
+		waiter := c.NewMutex("k")
+		got := make(chan error)
+		go func() { got <- waiter.Lock(context.Background()) }()
+		synctest.Wait()
+		clk.advance(holdFor(ttl))
+		require.ErrorIs(t, m.Unlock(context.Background()), ErrLeaseLost)
+		assert.Zero(t, h.count("handoff"), "a lost lease was handed over")
+		require.NoError(t, <-got)
+		require.NoError(t, waiter.Lease().Err())
+		assert.Greater(t, waiter.Lease().Token(), l.Token())
+	})
+}
+
+func TestLockNeverReturnsAnEndedLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		ttl := time.Second
+		c, h := memClient(t, st, WithTTL(ttl))
+		var first atomic.Bool
+		h.on("acquire", func(ctx context.Context, call func() error) error {
+			err := call()
+			if first.CompareAndSwap(false, true) {
+				time.Sleep(ttl) // answered after the deadline
+			}
+			return err
+		})
+		m := c.NewMutex("k")
+		require.NoError(t, m.Lock(context.Background()))
+		require.NoError(t, m.Lease().Err(), "Lock returned an ended lease")
+		assert.Equal(t, Token(2), m.Lease().Token(), "the hold renewed by the retry")
+		assert.Equal(t, 2, h.count("acquire"))
+	})
+}
