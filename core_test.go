@@ -491,3 +491,184 @@ func TestLockNeverReturnsAnEndedLease(t *testing.T) {
 		assert.Equal(t, 2, h.count("acquire"))
 	})
 }
+
+// A Close that cannot wait (its ctx has ended) ends a lease whose Release
+// is in flight; that Release, finding the key no longer held, reports
+// ErrClosed, not ErrReleased.
+func TestReleaseRacingCloseThatCannotWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		c, h := memClient(t, st)
+		m := c.NewMutex("k")
+		require.NoError(t, m.Lock(context.Background()))
+		answer := make(chan struct{})
+		h.on("release", func(_ context.Context, call func() error) error {
+			<-answer
+			return call()
+		})
+		unlocked := make(chan error)
+		go func() { unlocked <- m.Unlock(context.Background()) }()
+		synctest.Wait()
+		done, cancel := context.WithCancel(context.Background())
+		cancel()
+		require.ErrorIs(t, c.Close(done), context.Canceled) // ends the lease; cannot free the key
+		st.mu.Lock()
+		r := st.records["k"]
+		r.Owner = "" // freed meanwhile: the Release will find it gone
+		st.write("k", r)
+		st.mu.Unlock()
+		close(answer)
+		require.ErrorIs(t, <-unlocked, ErrClosed)
+	})
+}
+
+// The mutations the review found surviving the suite, each killed here.
+
+// Killed: the lease deadline counted from the acquire's reply instead of
+// its send. The reply comes a quarter TTL late; the lease is lost exactly
+// holdFor after the send.
+func TestDeadlineFromAcquireSend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		ttl := 10 * time.Second
+		c, h := memClient(t, st, WithTTL(ttl))
+		h.on("acquire", lateReply(ttl/4))
+		h.on("extend", failing)
+		sent := time.Now()
+		m := c.NewMutex("k")
+		require.NoError(t, m.Lock(context.Background()))
+		<-m.Lease().Lost()
+		assert.Equal(t, holdFor(ttl), time.Since(sent))
+	})
+}
+
+// Killed: the same for extensions. An extension sent at s whose reply
+// comes late extends the lease to s+holdFor, no further.
+func TestDeadlineFromExtensionSend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		ttl := 9 * time.Second
+		c, h := memClient(t, st, WithTTL(ttl))
+		m := c.NewMutex("k")
+		require.NoError(t, m.Lock(context.Background()))
+		var sent time.Time
+		h.on("extend", func(ctx context.Context, call func() error) error {
+			sent = time.Now()
+			h.on("extend", failing) // the later ones fail
+			return lateReply(ttl/4)(ctx, call)
+		})
+		<-m.Lease().Lost()
+		assert.Equal(t, ttl/3, sent.Sub(time.Unix(946684800, 0)), "the first extension is due at a third of the TTL")
+		assert.Equal(t, holdFor(ttl), time.Since(sent))
+	})
+}
+
+// Killed: an extension that finds another owner not ending the lease. The
+// lease ends at that extension, long before its deadline, as taken over.
+func TestExtensionFindingAnotherOwnerEndsLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		ttl := 9 * time.Second
+		c, h := memClient(t, st, WithTTL(ttl))
+		m := c.NewMutex("k")
+		require.NoError(t, m.Lock(context.Background()))
+		start := time.Now()
+		h.on("extend", func(ctx context.Context, call func() error) error {
+			if h.count("extend") > 100 {
+				t.Error("extending a lease the store shows taken over, again and again")
+				return hang(ctx, call)
+			}
+			st.mu.Lock()
+			r := st.records["k"]
+			r.Owner, r.Token = "intruder", r.Token+1
+			st.write("k", r)
+			st.mu.Unlock()
+			return call()
+		})
+		<-m.Lease().Lost()
+		assert.Equal(t, ttl/3, time.Since(start), "lost at the extension that saw it")
+		var lost *LeaseLostError
+		require.ErrorAs(t, m.Lease().Err(), &lost)
+		assert.Nil(t, lost.Cause, "taken over, not expired")
+	})
+}
+
+// Killed: Lease.Err ignoring the local deadline (TestLeasePastDeadlineIsLost
+// above, where the extender never runs), and Lock ignoring ctx while it
+// sleeps between polls: with an hour between polls, a 50 ms ctx ends the
+// wait at 50 ms.
+func TestLockHonoursContextBetweenPolls(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		a, _ := memClient(t, st)
+		require.NoError(t, a.NewMutex("k").Lock(context.Background()))
+		b, _ := memClient(t, st, WithBackoff(time.Hour, time.Hour))
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		require.ErrorIs(t, b.NewMutex("k").Lock(ctx), context.DeadlineExceeded)
+		assert.Equal(t, 50*time.Millisecond, time.Since(start))
+	})
+}
+
+// Killed: the extender extending a lease being released. While a slow
+// Release is in flight across two cadences, no extension names its lease.
+func TestNoExtensionDuringRelease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		ttl := 3 * time.Second
+		c, h := memClient(t, st, WithTTL(ttl))
+		m := c.NewMutex("k")
+		require.NoError(t, m.Lock(context.Background()))
+		other := c.NewMutex("other") // keeps the extender busy on a cadence
+		require.NoError(t, other.Lock(context.Background()))
+		h.on("release", func(ctx context.Context, call func() error) error {
+			time.Sleep(2 * ttl / 3) // two cadences
+			return call()
+		})
+		var named atomic.Int64
+		h.on("extend", func(ctx context.Context, call func() error) error {
+			if named.Load() > 0 {
+				return hang(ctx, call) // seen: stop here rather than loop
+			}
+			st.mu.Lock()
+			r := st.records["k"]
+			st.mu.Unlock()
+			err := call()
+			st.mu.Lock()
+			if st.records["k"].Rev != r.Rev {
+				named.Add(1)
+			}
+			st.mu.Unlock()
+			return err
+		})
+		require.NoError(t, m.Unlock(context.Background()))
+		assert.Positive(t, h.count("extend"), "the extender ran during the release")
+		assert.Zero(t, named.Load(), "extensions of a lease being released")
+	})
+}
+
+// Killed: holdFor returning the full TTL, and takeoverWait without the
+// clock-resolution discount. Exact values: the formulas are the safety
+// argument of doc.go.
+func TestExpiryFormulas(t *testing.T) {
+	for _, ttl := range []time.Duration{time.Millisecond, time.Second, 10 * time.Second, time.Hour} {
+		want := time.Duration(float64(ttl)*(1-MaxClockDrift)/(1+MaxClockDrift) - float64(ttl)*lostGuard)
+		assert.Equal(t, want, holdFor(ttl), "holdFor(%v)", ttl)
+		assert.Less(t, holdFor(ttl), ttl)
+	}
+	ttl := 10 * time.Second
+	for _, tc := range []struct {
+		elapsed, want time.Duration
+	}{
+		{-1, ttl},                    // unknown
+		{0, ttl},                     // just written
+		{serverClockResolution, ttl}, // within the stamp's truncation: no credit
+		{500 * time.Millisecond, ttl - 500*time.Millisecond + serverClockResolution},
+		{ttl, serverClockResolution},
+		{ttl + serverClockResolution, 0},
+		{time.Hour, 0},
+	} {
+		assert.Equal(t, tc.want, takeoverWait(ttl, tc.elapsed), "takeoverWait(%v, %v)", ttl, tc.elapsed)
+	}
+}
