@@ -40,6 +40,7 @@ type report struct {
 	faults                   map[string]int // injected, by kind
 	lost                     int            // holds whose Lost channel closed
 	margins                  []time.Duration
+	excused                  int // holds taken over from a frozen or killed holder
 	lostUpdates              int
 	violations               []string
 }
@@ -97,15 +98,15 @@ func check(events []event, final map[string]int64, end, calm int64) report {
 //     freeze of 1.5 TTL then shows as a loss logged about 0.5 TTL after
 //     the takeover). The cost: a freeze while Lock still waits excuses the
 //     hold that follows it. The window closes at the next acquisition: a
-//     holder that ran through it has had its local deadline pass, and
-//     logged the loss, before it. Excused holds are not measured.
+//     holder running then had its local deadline pass, and logged the
+//     loss, before it. Excused holds are not measured.
 //   - Lost before the next acquisition: the gap is the margin (r.margins).
 //   - Lost at or after the next acquisition: a violation.
 //   - No loss logged at all: a violation, "taken over with no loss seen".
 //
 // The end of a run needs no rule: the workers release their last holds,
 // and a key's last hold has no next one. A loss is logged with the time
-// the worker saw Done close (worker.go): the rules take its scheduling
+// the worker saw Done close (runWorker): the rules take its scheduling
 // delay to be shorter than the margin.
 func checkTakeovers(events []event, r *report) {
 	type hold struct {
@@ -170,7 +171,7 @@ func checkTakeovers(events []event, r *report) {
 			kill, dead := killed[h.p]
 			switch {
 			case dead && kill < next.acquired || wasFrozen(h.p, h.call, next.acquired):
-				// Killed or frozen: neither judged nor measured.
+				r.excused++ // killed or frozen: neither judged nor measured
 			case h.lost != 0 && h.lost < next.acquired:
 				r.margins = append(r.margins, time.Duration(next.acquired-h.lost))
 			case h.lost != 0:
