@@ -48,12 +48,12 @@ type event struct {
 }
 
 const (
+	opLockCall  = "lock-call"  // the worker calls Lock on Key; its next acquired, if any, is this call's
 	opAcquired  = "acquired"   // Lock returned the hold Tok on Key
-	opLost      = "lost"       // the hold's Lost channel closed
+	opLost      = "lost"       // the hold's Lost channel closed (T: when the worker saw Done close)
 	opRelease   = "release"    // the holder calls Unlock
-	opFault     = "fault"      // a fault (Res: its kind) begins; by the parent for process and server faults
-	opFrozen    = "frozen"     // the parent stopped process P (SIGSTOP)
-	opThawed    = "thawed"     // the parent resumed process P (SIGCONT)
+	opFault     = "fault"      // a fault (Res: its kind) begins; the parent logs process faults with P the process struck, P 0 for the server
+	opThawed    = "thawed"     // the parent resumed process P (SIGCONT), after a fault faultFreeze
 	opValid     = "valid"      // the holder checked its lease: valid at T or later
 	opReadCall  = "read-call"  // reading the register
 	opReadRet   = "read-ret"   // V is the value read
@@ -145,6 +145,7 @@ func runWorker() error {
 		}
 		ctx, cancel := context.WithDeadline(context.Background(), time.Unix(0, until))
 		mu := c.NewMutex(key)
+		h.log(event{Op: opLockCall, Key: key, T: now()}) // a freeze from here on may leave the hold unseen past its lease
 		err := mu.Lock(ctx)
 		cancel()
 		if err != nil {
@@ -156,10 +157,11 @@ func runWorker() error {
 		go func() {
 			<-l.Done()
 			t := now()
-			select {
-			case <-l.Lost():
+			// Lost closes a moment after Done: reading it here could miss
+			// it. Err, a *LeaseLostError exactly when Lost is closed, waits
+			// for the lease's end to finish.
+			if errors.Is(l.Err(), dlock.ErrLeaseLost) {
 				h.log(event{Op: opLost, Key: key, Tok: tok, T: t})
-			default:
 			}
 		}()
 		switch fault {
