@@ -115,12 +115,12 @@ func startServer() (uri string, stop func(), err error) {
 	if err := build.Run(); err != nil {
 		return "", nil, fmt.Errorf("build test server: %w", err)
 	}
-	args := []string{"-dir", filepath.Join(dir, "data")}
+	args := []string{"-dir", filepath.Join(dir, "data"), "-exit-on-stdin-eof"}
 	if pg := os.Getenv("DLOCK_TEST_POSTGRESQL"); pg != "" {
 		args = append(args, "-postgresql", pg)
 	}
 	cmd := exec.Command(bin, args...)
-	stdin, _ := cmd.StdinPipe() // the server exits when this closes
+	stdin, _ := cmd.StdinPipe() // with -exit-on-stdin-eof, the server exits when this closes
 	out, _ := cmd.StdoutPipe()
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
