@@ -81,7 +81,7 @@ func run(m *testing.M) (int, error) {
 		defer stop()
 		testURI = uri
 	}
-	os.Setenv("DLOCK_EXAMPLE_URI", testURI) // for example_test.go
+	os.Setenv("MONGODB_URI", testURI) // the examples read it, as a program would
 	var err error
 	testClient, err = mongo.Connect(options.Client().ApplyURI(testURI).
 		SetMonitor(&event.CommandMonitor{Started: commands.started}))
