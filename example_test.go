@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"time"
 
 	"github.com/dlock-go/dlock"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -13,16 +14,89 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
-// exampleCollection connects to the test server (MONGODB_URI, or the one the
-// tests started) and returns a fresh collection, and a func that disconnects.
+// The examples run against the server at MONGODB_URI (the tests set it to
+// the embedded server they start when it is not set).
+
+// exampleCollection connects to MONGODB_URI with a mongo.Client of its own
+// and returns a new, empty collection, so that each example starts from
+// token 1; and a func that disconnects. In production one collection holds
+// all the locks and is never dropped: its documents are what keep fencing
+// tokens from going back.
 func exampleCollection(name string) (*mongo.Collection, func()) {
-	client, err := mongo.Connect(options.Client().ApplyURI(os.Getenv("DLOCK_EXAMPLE_URI")))
+	client, err := mongo.Connect(options.Client().ApplyURI(os.Getenv("MONGODB_URI")))
 	if err != nil {
 		log.Fatal(err)
 	}
-	coll := client.Database("dlock_examples").Collection(name)
-	coll.Drop(context.Background())
+	coll := client.Database("dlock_examples").Collection(fmt.Sprintf("%s_%d", name, time.Now().UnixNano()))
 	return coll, func() { client.Disconnect(context.Background()) }
+}
+
+func ExampleNewClient() {
+	ctx := context.Background()
+	mc, err := mongo.Connect(options.Client().ApplyURI(os.Getenv("MONGODB_URI")))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mc.Disconnect(ctx)
+	// One collection for all the locks of an application ("locks", say);
+	// here a new one, so that the token below is 1.
+	coll := mc.Database("dlock_examples").Collection(fmt.Sprintf("locks_%d", time.Now().UnixNano()))
+
+	// One Client per process: no round trip, one goroutine that extends
+	// every lease it holds.
+	client, err := dlock.NewClient(coll, dlock.WithTTL(30*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close(ctx) // releases what it still holds, stops the goroutine
+
+	mu := client.NewMutex("nightly-report")
+	if err := mu.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("token", mu.Lease().Token())
+	if err := mu.Unlock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Output: token 1
+}
+
+func ExampleClient_Close() {
+	ctx := context.Background()
+	coll, disconnect := exampleCollection("close")
+	defer disconnect()
+	a, err := dlock.NewClient(coll)
+	if err != nil {
+		log.Fatal(err)
+	}
+	mu := a.NewMutex("job")
+	if err := mu.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	lease := mu.Lease()
+
+	// Close ends every lease of the Client and frees their keys.
+	if err := a.Close(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(lease.Err())
+	fmt.Println(errors.Is(mu.Lock(ctx), dlock.ErrClosed))
+
+	// Another Client takes the key at once, with the next token.
+	b, err := dlock.NewClient(coll)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer b.Close(ctx)
+	other := b.NewMutex("job")
+	if err := other.TryLock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("token", other.Lease().Token())
+	// Output:
+	// dlock: lease released
+	// true
+	// token 2
 }
 
 func ExampleMutex() {
@@ -41,8 +115,8 @@ func ExampleMutex() {
 	}
 	lease := mu.Lease()
 	fmt.Println("holding", lease.Key(), "with token", lease.Token())
-	// Run the protected work under lease.Context(): it is cancelled if the
-	// lease is lost.
+	// Run the protected work under lease.Context() (see the Lease.Context
+	// example): it is cancelled if the lease is lost.
 	if err := mu.Unlock(ctx); err != nil {
 		log.Fatal(err)
 	}
@@ -56,40 +130,89 @@ func ExampleMutex_TryLock() {
 	ctx := context.Background()
 	coll, disconnect := exampleCollection("trylock")
 	defer disconnect()
-	a, _ := dlock.NewClient(coll)
+	a, err := dlock.NewClient(coll)
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer a.Close(ctx)
-	b, _ := dlock.NewClient(coll)
+	b, err := dlock.NewClient(coll)
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer b.Close(ctx)
 
 	if err := a.NewMutex("job").TryLock(ctx); err != nil {
 		log.Fatal(err)
 	}
-	err := b.NewMutex("job").TryLock(ctx)
+	err = b.NewMutex("job").TryLock(ctx)
 	fmt.Println(errors.Is(err, dlock.ErrLocked))
 	// Output: true
+}
+
+func ExampleLease_Context() {
+	ctx := context.Background()
+	coll, disconnect := exampleCollection("context")
+	defer disconnect()
+	data := coll.Database().Collection(coll.Name() + "_data")
+	if _, err := data.InsertOne(ctx, bson.D{{Key: "_id", Value: "report"}}); err != nil {
+		log.Fatal(err)
+	}
+	client, err := dlock.NewClient(coll)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close(ctx)
+
+	mu := client.NewMutex("nightly-report")
+	if err := mu.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	lease := mu.Lease()
+	// The work runs under the lease's context, which is cancelled if the
+	// lease is lost, and writes with its token, which the storage checks
+	// in case this process was paused past the lease.
+	work := lease.Context()
+	_, err = dlock.UpdateFenced(work, data, bson.D{{Key: "_id", Value: "report"}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "status", Value: "done"}}}}, lease.Token())
+	fmt.Println("write:", err)
+	if err := mu.Unlock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// The context ends with the lease, and says why.
+	fmt.Println("work context:", context.Cause(work))
+	// Output:
+	// write: <nil>
+	// work context: dlock: lease released
 }
 
 func ExampleLease_Lost() {
 	ctx := context.Background()
 	coll, disconnect := exampleCollection("lost")
 	defer disconnect()
-	client, _ := dlock.NewClient(coll)
+	client, err := dlock.NewClient(coll, dlock.WithTTL(300*time.Millisecond))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer client.Close(ctx)
 	mu := client.NewMutex("leader")
 	if err := mu.Lock(ctx); err != nil {
 		log.Fatal(err)
 	}
 	lease := mu.Lease()
-	work := make(chan struct{})
-	close(work) // stands for the leader's work finishing
+
+	// Cut the Client off from the server: from now on its extensions fail.
+	coll.Database().Client().Disconnect(ctx)
+
 	select {
-	case <-lease.Lost():
-		fmt.Println("lost the lease:", lease.Err())
-	case <-work:
-		fmt.Println("work done, token", lease.Token())
+	case <-lease.Lost(): // at the lease's local deadline, just under the TTL
+		fmt.Println("lost:", errors.Is(lease.Err(), dlock.ErrLeaseLost))
+	case <-time.After(10 * time.Second):
+		fmt.Println("still held")
 	}
-	mu.Unlock(ctx)
-	// Output: work done, token 1
+	fmt.Println("unlock:", errors.Is(mu.Unlock(ctx), dlock.ErrLeaseLost))
+	// Output:
+	// lost: true
+	// unlock: true
 }
 
 func ExampleFence() {
@@ -107,7 +230,9 @@ func ExampleUpdateFenced() {
 	ctx := context.Background()
 	coll, disconnect := exampleCollection("fenced")
 	defer disconnect()
-	coll.InsertOne(ctx, bson.D{{Key: "_id", Value: "balance"}, {Key: "v", Value: 100}})
+	if _, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: "balance"}, {Key: "v", Value: 100}}); err != nil {
+		log.Fatal(err)
+	}
 	id := bson.D{{Key: "_id", Value: "balance"}}
 	set := func(v int) bson.D { return bson.D{{Key: "$set", Value: bson.D{{Key: "v", Value: v}}}} }
 

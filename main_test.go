@@ -81,7 +81,7 @@ func run(m *testing.M) (int, error) {
 		defer stop()
 		testURI = uri
 	}
-	os.Setenv("DLOCK_EXAMPLE_URI", testURI) // for example_test.go
+	os.Setenv("MONGODB_URI", testURI) // the examples read it, as a program would
 	var err error
 	testClient, err = mongo.Connect(options.Client().ApplyURI(testURI).
 		SetMonitor(&event.CommandMonitor{Started: commands.started}))
@@ -115,12 +115,12 @@ func startServer() (uri string, stop func(), err error) {
 	if err := build.Run(); err != nil {
 		return "", nil, fmt.Errorf("build test server: %w", err)
 	}
-	args := []string{"-dir", filepath.Join(dir, "data")}
+	args := []string{"-dir", filepath.Join(dir, "data"), "-exit-on-stdin-eof"}
 	if pg := os.Getenv("DLOCK_TEST_POSTGRESQL"); pg != "" {
 		args = append(args, "-postgresql", pg)
 	}
 	cmd := exec.Command(bin, args...)
-	stdin, _ := cmd.StdinPipe() // the server exits when this closes
+	stdin, _ := cmd.StdinPipe() // with -exit-on-stdin-eof, the server exits when this closes
 	out, _ := cmd.StdoutPipe()
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {

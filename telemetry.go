@@ -12,13 +12,12 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Instrumentation scope: the module path, with its version.
-const (
-	scopeName = "github.com/dlock-go/dlock"
-	// Version is this release of dlock, reported as the OpenTelemetry
-	// instrumentation scope version.
-	Version = "0.1.0"
-)
+// Version is this release of dlock. Its spans and metrics carry it as the
+// OpenTelemetry instrumentation scope version.
+const Version = "0.1.0"
+
+// scopeName is the OpenTelemetry instrumentation scope: the module path.
+const scopeName = "github.com/dlock-go/dlock"
 
 // Attribute keys; see the README for the full list of spans and metrics.
 const (

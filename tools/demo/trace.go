@@ -6,18 +6,18 @@ import (
 	"strings"
 	"time"
 
-	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
-// traceToStdout makes the global tracer provider print each span as it
+// traceToStdout returns a tracer provider that prints each span as it
 // ends, one line per span, so that a lock wait shows as a span with its
-// duration, attempts, outcome and the holders it waited for. It returns a
-// function that flushes and stops the provider.
-func traceToStdout() func(context.Context) error {
+// duration, attempts, outcome and the holders it waited for; and a function
+// that flushes and stops it. The demo hands it to dlock's Clients only
+// (dlock.WithTracerProvider), not to the global provider, which the embedded
+// server's own spans would also go to.
+func traceToStdout() (*sdktrace.TracerProvider, func(context.Context) error) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(lineExporter{}))
-	otel.SetTracerProvider(tp)
-	return tp.Shutdown
+	return tp, tp.Shutdown
 }
 
 // lineExporter writes spans to stdout, one line each.
@@ -30,7 +30,7 @@ func (lineExporter) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlySpan
 		for _, kv := range s.Attributes() {
 			v := kv.Value.Emit()
 			if kv.Key == "dlock.owner" && len(v) > 8 {
-				v = v[:8] + "…"
+				v = v[:8] + "…" // the worker's name
 			}
 			fmt.Fprintf(&b, " %s=%s", kv.Key, v)
 		}

@@ -1,11 +1,20 @@
-// Command mongoserver runs the MongoDB-compatible test server that dlock's
-// tests use when MONGODB_URI is not set: FerretDB v1.24 embedded, behind a
-// proxy that serializes requests (see package testserver). It prints
-// "uri=<connection string>" on standard output once it accepts connections
-// and runs until it is signalled or its standard input closes.
+// Command mongoserver runs the MongoDB-compatible server that dlock's tests
+// use when MONGODB_URI is not set: FerretDB v1.24 embedded, behind a proxy
+// that serializes requests (see package testserver). Use it as a local
+// server for development:
+//
+//	go -C tools run ./mongoserver -dir ~/.dlock-dev -addr 127.0.0.1:27017
+//
+// Once it accepts connections it prints "uri=<connection string>" on
+// standard output, then how to stop it on standard error. It runs until
+// SIGINT or SIGTERM. With -exit-on-stdin-eof it also stops when its
+// standard input closes, so that a parent process (the tests) can hold it
+// by a pipe and it cannot outlive the parent.
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -19,11 +28,14 @@ import (
 
 func main() {
 	var cfg testserver.Config
-	flag.StringVar(&cfg.Addr, "addr", "127.0.0.1:0", "TCP address to listen on")
-	flag.StringVar(&cfg.Dir, "dir", "", "data directory (SQLite backend); default: a new temporary directory")
+	flag.StringVar(&cfg.Addr, "addr", "127.0.0.1:0", "TCP address to listen on; port 0 picks a free one")
+	flag.StringVar(&cfg.Dir, "dir", "", "data directory (SQLite backend), kept across runs; default: a temporary directory, removed on exit")
 	flag.StringVar(&cfg.PostgreSQLURL, "postgresql", "", "run on PostgreSQL at this URL instead of SQLite")
 	flag.BoolVar(&cfg.Raw, "raw", false, "no serializing proxy: FerretDB's own, non-atomic findAndModify")
+	exitOnEOF := flag.Bool("exit-on-stdin-eof", false, "also stop when standard input closes (for a parent that holds it by a pipe)")
 	flag.Parse()
+	log.SetPrefix("mongoserver: ")
+	log.SetFlags(0)
 	if cfg.Dir == "" {
 		dir, err := os.MkdirTemp("", "mongoserver-")
 		if err != nil {
@@ -33,19 +45,31 @@ func main() {
 		cfg.Dir = dir
 	}
 	cfg.Log = os.Stderr
+
+	// Listen for signals before announcing the URI: a parent may signal as
+	// soon as it has read it.
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGINT, syscall.SIGTERM)
 	srv, err := testserver.Start(cfg)
 	if err != nil {
 		log.Fatal(err)
 	}
 	fmt.Printf("uri=%s\n", srv.URI())
 
-	stop := make(chan os.Signal, 1)
-	signal.Notify(stop, syscall.SIGINT, syscall.SIGTERM)
-	stdinClosed := make(chan struct{})
-	go func() { io.Copy(io.Discard, os.Stdin); close(stdinClosed) }()
+	stdinClosed := make(chan struct{}) // never closed without -exit-on-stdin-eof
+	if *exitOnEOF {
+		go func() { io.Copy(io.Discard, os.Stdin); close(stdinClosed) }()
+	} else {
+		log.Printf("data in %s; running until SIGINT or SIGTERM (Ctrl-C, or kill %d)", cfg.Dir, os.Getpid())
+	}
 	select {
-	case <-stop:
+	case sig := <-stop:
+		if !*exitOnEOF {
+			log.Printf("%v: stopping", sig)
+		}
 	case <-stdinClosed:
 	}
-	srv.Close()
+	if err := srv.Close(); err != nil && !errors.Is(err, context.Canceled) {
+		log.Print(err)
+	}
 }
