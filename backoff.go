@@ -1,23 +1,41 @@
 package dlock
 
 import (
-	"math/rand/v2"
 	"time"
+
+	"github.com/cenkalti/backoff/v5"
 )
 
-// A poller spaces the polls of one wait for a held key: each wait is the
-// current interval jittered by ±50%, and the interval doubles up to max.
-// The caller's context decides how long to wait in all.
+// A poller spaces the polls of one wait for a held key with backoff's
+// [backoff.ExponentialBackOff]: each wait is the current interval jittered
+// by ±50%, and the interval doubles up to max. The caller's context decides
+// how long to wait in all (v5's ExponentialBackOff never gives up by
+// itself). A poller is used by one goroutine.
 type poller struct {
-	interval, max time.Duration
-	last          time.Duration // the interval of the last wait, before jitter
+	b    backoff.ExponentialBackOff
+	last time.Duration // the interval of the last wait, before jitter; set by next
+}
+
+// newPoller returns a poller whose first interval is initial.
+func newPoller(initial, max time.Duration) poller {
+	return poller{b: backoff.ExponentialBackOff{
+		InitialInterval:     initial,
+		RandomizationFactor: 0.5,
+		Multiplier:          2,
+		MaxInterval:         max,
+	}}
 }
 
 // next returns the wait before the next poll and doubles the interval.
+//
+// ExponentialBackOff keeps its interval to itself and returns it jittered,
+// so last is read from a copy of it asked without jitter: the interval the
+// real one is about to jitter, whatever rule it grows by.
 func (p *poller) next() time.Duration {
-	p.last = p.interval
-	p.interval = min(2*p.interval, p.max)
-	return p.last/2 + rand.N(p.last+1)
+	probe := p.b
+	probe.RandomizationFactor = 0
+	p.last = probe.NextBackOff()
+	return p.b.NextBackOff()
 }
 
 // A pace is what a Mutex remembers of its last wait for its key: the
@@ -37,5 +55,5 @@ func (p pace) start(now time.Time, cfg *config) poller {
 	if !p.at.IsZero() && now.Sub(p.at) < cfg.ttl {
 		interval = min(max(p.interval, interval), cfg.maxBackoff)
 	}
-	return poller{interval: interval, max: cfg.maxBackoff}
+	return newPoller(interval, cfg.maxBackoff)
 }

@@ -128,3 +128,60 @@ func TestWaiterPolls(t *testing.T) {
 	clk.advance(time.Second)
 	require.NoError(t, <-locked)
 }
+
+// A poller's waits: the interval starts where it is told, doubles up to
+// max, and each wait is that interval jittered by ±50%, spread over the
+// whole range; last is the interval before jitter.
+func TestPollerBackoff(t *testing.T) {
+	const min, max = 10 * time.Millisecond, 100 * time.Millisecond
+	want := []time.Duration{min, 2 * min, 4 * min, 8 * min, max, max, max}
+	var low, high bool // some wait below 0.55 and some above 1.45 of its interval
+	for range 200 {
+		p := newPoller(min, max)
+		for i, w := range want {
+			d := p.next()
+			require.Equal(t, w, p.last, "interval of wait %d", i)
+			require.GreaterOrEqual(t, d, w/2, "wait %d", i)
+			require.LessOrEqual(t, d, w+w/2+1, "wait %d", i) // +1: rounding to a nanosecond
+			low = low || d < w*11/20
+			high = high || d > w*29/20
+		}
+	}
+	assert.True(t, low && high, "waits are jittered across ±50%")
+}
+
+// A wait that starts within a TTL of the last one resumes at the interval
+// that wait reached, within the bounds; otherwise at the minimum.
+func TestPaceStart(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.minBackoff, cfg.maxBackoff, cfg.ttl = 10*time.Millisecond, time.Second, time.Minute
+	now := time.Unix(1e9, 0)
+	for _, tc := range []struct {
+		name string
+		pace pace
+		want time.Duration
+	}{
+		{"no wait before", pace{}, cfg.minBackoff},
+		{"soon after", pace{interval: 160 * time.Millisecond, at: now.Add(-time.Second)}, 160 * time.Millisecond},
+		{"a TTL after", pace{interval: 160 * time.Millisecond, at: now.Add(-cfg.ttl)}, cfg.minBackoff},
+		{"below the minimum", pace{interval: time.Millisecond, at: now}, cfg.minBackoff},
+		{"above the maximum", pace{interval: time.Hour, at: now}, cfg.maxBackoff},
+	} {
+		p := tc.pace.start(now, &cfg)
+		p.next()
+		assert.Equal(t, tc.want, p.last, tc.name)
+	}
+
+	// Carried from one wait to the next as mutex.go does it: the next wait
+	// goes on doubling from where the last one stopped.
+	p := pace{}.start(now, &cfg)
+	for range 5 {
+		p.next()
+	}
+	require.Equal(t, 160*time.Millisecond, p.last)
+	q := pace{interval: p.last, at: now}.start(now.Add(time.Second), &cfg)
+	q.next()
+	assert.Equal(t, 160*time.Millisecond, q.last, "first interval of the next wait")
+	q.next()
+	assert.Equal(t, 320*time.Millisecond, q.last)
+}

@@ -8,8 +8,9 @@ import "sync"
 // lock protects. The zero value is ready to use; a Fence is safe for
 // concurrent use and must not be copied after first use.
 //
-// For a resource stored in MongoDB, use [UpdateFenced], which applies the
-// same rule in the database, in the same write as the update.
+// For a resource stored in MongoDB, use [UpdateFenced], or [UpsertFenced]
+// for a document that may not exist yet: they apply the same rule in the
+// database, in the same write as the update.
 type Fence struct {
 	mu      sync.Mutex
 	highest Token

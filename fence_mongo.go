@@ -4,13 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
+	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
-// FenceField is the field in which [UpdateFenced] records, on the user's
-// document, the highest fencing token that has written to it.
+// FenceField is the field in which [UpdateFenced] and [UpsertFenced]
+// record, on the user's document, the highest fencing token that has
+// written to it.
 const FenceField = "_dlockFence"
 
 // UpdateFenced applies update (an update document such as
@@ -20,29 +24,19 @@ const FenceField = "_dlockFence"
 // seen a token, an older token changes nothing and gets a
 // [*StaleTokenError] (matching [ErrStaleToken]); finding out which of the
 // two reasons made the write miss costs a second round trip. A filter that
-// matches no document returns an error matching [mongo.ErrNoDocuments].
+// matches no document returns an error matching [mongo.ErrNoDocuments]; use
+// [UpsertFenced] to create the document on first use.
 //
-// The update must not itself write [FenceField] or use $max on it.
+// The update must be a document of update operators, not an aggregation
+// pipeline, and must not itself write [FenceField] or use $max on it;
+// otherwise UpdateFenced returns an error matching [ErrInvalidOption] and
+// sends nothing.
 func UpdateFenced(ctx context.Context, coll *mongo.Collection, filter, update any, t Token) (*mongo.UpdateResult, error) {
-	if coll == nil {
-		return nil, fmt.Errorf("%w: nil collection", ErrInvalidOption)
-	}
-	f, err := toDoc(filter)
+	w, err := newFencedWrite("fenced update", coll, filter, update, t)
 	if err != nil {
-		return nil, fmt.Errorf("dlock: fenced update: filter: %w", err)
-	}
-	u, err := toDoc(update)
-	if err != nil {
-		return nil, fmt.Errorf("dlock: fenced update: update: %w", err)
-	}
-	if u, err = withFence(u, t); err != nil {
 		return nil, err
 	}
-	guarded := bson.D{{Key: "$and", Value: bson.A{f, bson.D{{Key: "$or", Value: bson.A{
-		bson.D{{Key: FenceField, Value: bson.D{{Key: "$lte", Value: int64(t)}}}},
-		bson.D{{Key: FenceField, Value: bson.D{{Key: "$exists", Value: false}}}},
-	}}}}}}
-	res, err := coll.UpdateOne(ctx, guarded, u)
+	res, err := coll.UpdateOne(ctx, w.guarded, w.update)
 	if err != nil {
 		return nil, fmt.Errorf("dlock: fenced update: %w", err)
 	}
@@ -50,47 +44,260 @@ func UpdateFenced(ctx context.Context, coll *mongo.Collection, filter, update an
 		return res, nil
 	}
 	// Missed: tell a stale token from a missing document.
-	var d bson.Raw
-	switch err := coll.FindOne(ctx, f).Decode(&d); {
+	stale, err := w.stale(ctx, coll)
+	switch {
 	case errors.Is(err, mongo.ErrNoDocuments):
 		return nil, fmt.Errorf("dlock: fenced update: %w", mongo.ErrNoDocuments)
 	case err != nil:
 		return nil, fmt.Errorf("dlock: fenced update: %w", err)
-	}
-	stale := &StaleTokenError{Token: t}
-	if v, ok := d.Lookup(FenceField).AsInt64OK(); ok {
-		stale.Highest = Token(v)
+	case stale == nil:
+		// The document admits t now: it changed between the two round
+		// trips. The write missed all the same; report it as stale,
+		// without a highest token (the one that refused it is gone).
+		stale = &StaleTokenError{Token: t}
 	}
 	return nil, stale
 }
 
-func toDoc(v any) (bson.D, error) {
-	b, err := bson.Marshal(v)
+// upsertAttempts bounds the attempts of [UpsertFenced]: without deletes,
+// a second attempt always decides (see UpsertFenced); the third covers a
+// document deleted meanwhile.
+const upsertAttempts = 3
+
+// UpsertFenced is [UpdateFenced] for a document that may not exist yet. It
+// applies update to the one document matched by filter if t is at least
+// the highest token recorded on it, and records t there in [FenceField];
+// if no document matches, it creates one, from the filter's equality
+// conditions and the update (as an upsert does), with t recorded. Once the
+// document has seen a higher token it changes nothing and returns a
+// [*StaleTokenError] (matching [ErrStaleToken]). The result reports an
+// update (MatchedCount 1) or a creation (UpsertedCount 1, UpsertedID).
+//
+// The filter must pin the document's _id by equality at its top level
+// ({_id: v} or {_id: {$eq: v}}, beside any other conditions); otherwise
+// UpsertFenced returns an error matching [ErrInvalidOption] and sends
+// nothing. The _id is what keeps a stale writer from creating a second
+// document: when a higher fence makes the guarded filter miss, the upsert
+// tries to insert, and the collection's unique _id index refuses it. That
+// refusal costs a second round trip to read the fence and report the stale
+// token. Two writers that create the document at once end with one
+// document: the one whose insert loses reads the other's fence and either
+// is stale or writes over it, so the writes admitted are applied in token
+// order. If the _id is held by a document the rest of the filter does not
+// match, UpsertFenced neither creates nor updates and returns the server's
+// duplicate key error, wrapped.
+//
+// The update has the same rules as for [UpdateFenced]. ctx bounds the
+// round trips. A stale token or an invalid argument leaves the collection
+// unchanged; after an error from the network or ctx, the write may or may
+// not have applied.
+func UpsertFenced(ctx context.Context, coll *mongo.Collection, filter, update any, t Token) (*mongo.UpdateResult, error) {
+	if coll == nil {
+		return nil, fmt.Errorf("%w: fenced upsert: nil collection", ErrInvalidOption)
+	}
+	return upsertFenced(ctx, coll, coll.UpdateOne, filter, update, t)
+}
+
+// updateOneFunc is [mongo.Collection.UpdateOne]; tests replace it to play
+// an interleaving the server they run on does not produce.
+type updateOneFunc func(ctx context.Context, filter, update any, opts ...options.Lister[options.UpdateOneOptions]) (*mongo.UpdateResult, error)
+
+func upsertFenced(ctx context.Context, coll *mongo.Collection, updateOne updateOneFunc, filter, update any, t Token) (*mongo.UpdateResult, error) {
+	w, err := newFencedWrite("fenced upsert", coll, filter, update, t)
 	if err != nil {
 		return nil, err
 	}
+	i, id, err := pinnedID(w.filter)
+	if err != nil {
+		return nil, err
+	}
+	// The guarded filter keeps the filter's top-level elements in place;
+	// its _id becomes a plain equality, which every server copies into the
+	// document it inserts.
+	guarded := append(bson.D(nil), w.guarded...)
+	guarded[i].Value = id
+	upsert := options.UpdateOne().SetUpsert(true)
+	for attempt := 1; ; attempt++ {
+		res, err := updateOne(ctx, guarded, w.update, upsert)
+		if err == nil {
+			return res, nil
+		}
+		if !mongo.IsDuplicateKeyError(err) {
+			return nil, fmt.Errorf("dlock: fenced upsert: %w", err)
+		}
+		// The filter missed and the insert found the _id taken: by a
+		// fence above t, or by a writer that created the document since
+		// the filter missed, or by a document the filter does not match.
+		stale, rerr := w.stale(ctx, coll)
+		switch {
+		case stale != nil:
+			return nil, stale
+		case rerr != nil && !errors.Is(rerr, mongo.ErrNoDocuments):
+			return nil, fmt.Errorf("dlock: fenced upsert: %w", rerr)
+		case attempt == upsertAttempts && rerr != nil:
+			return nil, fmt.Errorf("dlock: fenced upsert: the filter's _id belongs to a document the filter does not match: %w", err)
+		case attempt == upsertAttempts:
+			return nil, fmt.Errorf("dlock: fenced upsert: %d attempts: %w", attempt, err)
+		}
+		// Created (or deleted) since the filter missed: the next attempt
+		// updates it (or creates it).
+	}
+}
+
+// A fencedWrite is a user's filter and update made into a write guarded by
+// a fencing token.
+type fencedWrite struct {
+	filter  bson.D // the user's
+	guarded bson.D // filter, and t at least the document's fence
+	update  bson.D // the user's, with {$max: {FenceField: t}}
+	t       Token
+}
+
+func newFencedWrite(op string, coll *mongo.Collection, filter, update any, t Token) (*fencedWrite, error) {
+	if coll == nil {
+		return nil, fmt.Errorf("%w: %s: nil collection", ErrInvalidOption, op)
+	}
+	f, err := toDoc(op, "filter", filter)
+	if err != nil {
+		return nil, err
+	}
+	u, err := toDoc(op, "update", update)
+	if err != nil {
+		return nil, err
+	}
+	if u, err = withFence(op, u, t); err != nil {
+		return nil, err
+	}
+	return &fencedWrite{filter: f, guarded: guard(f, t), update: u, t: t}, nil
+}
+
+// stale reads the document the filter matches and returns a
+// [*StaleTokenError] if its fence is above t, or nil and the read's error.
+func (w *fencedWrite) stale(ctx context.Context, coll *mongo.Collection) (*StaleTokenError, error) {
+	var d bson.Raw
+	if err := coll.FindOne(ctx, w.filter).Decode(&d); err != nil {
+		return nil, err
+	}
+	if v, ok := d.Lookup(FenceField).AsInt64OK(); ok && Token(v) > w.t {
+		return &StaleTokenError{Token: w.t, Highest: Token(v)}, nil
+	}
+	return nil, nil
+}
+
+// guard returns filter and the condition that t is at least the
+// document's fence, or that it has none. The condition joins the filter's
+// own top-level $and, so that the filter's other conditions stay where the
+// server looks for the equalities an upsert copies into the document.
+func guard(filter bson.D, t Token) bson.D {
+	cond := bson.D{{Key: "$or", Value: bson.A{
+		bson.D{{Key: FenceField, Value: bson.D{{Key: "$lte", Value: int64(t)}}}},
+		bson.D{{Key: FenceField, Value: bson.D{{Key: "$exists", Value: false}}}},
+	}}}
+	g := make(bson.D, 0, len(filter)+1)
+	joined := false
+	for _, e := range filter {
+		if all, ok := e.Value.(bson.A); ok && e.Key == "$and" && !joined {
+			e.Value = append(all[:len(all):len(all)], cond)
+			joined = true
+		}
+		g = append(g, e)
+	}
+	if !joined {
+		g = append(g, bson.E{Key: "$and", Value: bson.A{cond}})
+	}
+	return g
+}
+
+// pinnedID returns the index in filter of its top-level _id equality and
+// the value it pins, or an error matching [ErrInvalidOption] when there is
+// none.
+func pinnedID(filter bson.D) (int, any, error) {
+	at := -1
+	for i, e := range filter {
+		if e.Key == "_id" {
+			if at >= 0 {
+				at = -1
+				break
+			}
+			at = i
+		}
+	}
+	if at < 0 {
+		return 0, nil, fmt.Errorf("%w: fenced upsert: the filter must pin _id by one equality at its top level, so that a stale write cannot create a second document", ErrInvalidOption)
+	}
+	id := filter[at].Value
+	if d, ok := id.(bson.D); ok && len(d) == 1 && d[0].Key == "$eq" {
+		id = d[0].Value
+	}
+	bad := false
+	switch v := id.(type) {
+	case bson.D:
+		for _, e := range v {
+			bad = bad || strings.HasPrefix(e.Key, "$")
+		}
+	case bson.A, bson.Regex, bson.Undefined:
+		bad = true // not a value an _id can hold, or a match rather than equality
+	}
+	if bad {
+		return 0, nil, fmt.Errorf("%w: fenced upsert: the filter's _id must be an equality, not %v", ErrInvalidOption, filter[at].Value)
+	}
+	return at, id, nil
+}
+
+// toDoc returns v, a filter or an update, as a document. An array (an
+// aggregation pipeline, for an update) is an error matching
+// [ErrInvalidOption].
+func toDoc(op, what string, v any) (bson.D, error) {
+	if isArray(v) {
+		return nil, fmt.Errorf("%w: %s: the %s is a %T: give a document (pipeline updates are not supported)", ErrInvalidOption, op, what, v)
+	}
+	b, err := bson.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("dlock: %s: %s: %w", op, what, err)
+	}
 	var d bson.D
-	err = bson.Unmarshal(b, &d)
-	return d, err
+	if err := bson.Unmarshal(b, &d); err != nil {
+		return nil, fmt.Errorf("dlock: %s: %s: %w", op, what, err)
+	}
+	return d, nil
+}
+
+var (
+	elemType = reflect.TypeFor[bson.E]()
+	rawType  = reflect.TypeFor[bson.Raw]()
+)
+
+// isArray reports whether v is a slice or array that does not encode a
+// document (bson.D and bson.Raw do).
+func isArray(v any) bool {
+	rv := reflect.ValueOf(v)
+	for rv.Kind() == reflect.Pointer && !rv.IsNil() {
+		rv = rv.Elem()
+	}
+	switch rv.Kind() {
+	case reflect.Slice, reflect.Array:
+		return rv.Type().Elem() != elemType && rv.Type() != rawType
+	}
+	return false
 }
 
 // withFence adds {$max: {FenceField: t}} to update.
-func withFence(update bson.D, t Token) (bson.D, error) {
+func withFence(op string, update bson.D, t Token) (bson.D, error) {
 	rec := bson.E{Key: FenceField, Value: int64(t)}
-	for i, op := range update {
-		if len(op.Key) == 0 || op.Key[0] != '$' {
-			return nil, fmt.Errorf("%w: fenced update: %q is not an update operator", ErrInvalidOption, op.Key)
+	for i, o := range update {
+		if len(o.Key) == 0 || o.Key[0] != '$' {
+			return nil, fmt.Errorf("%w: %s: %q is not an update operator", ErrInvalidOption, op, o.Key)
 		}
-		fields, ok := op.Value.(bson.D)
+		fields, ok := o.Value.(bson.D)
 		if !ok {
-			return nil, fmt.Errorf("%w: fenced update: %s takes a document", ErrInvalidOption, op.Key)
+			return nil, fmt.Errorf("%w: %s: %s takes a document", ErrInvalidOption, op, o.Key)
 		}
 		for _, f := range fields {
 			if f.Key == FenceField {
-				return nil, fmt.Errorf("%w: fenced update writes %s itself", ErrInvalidOption, FenceField)
+				return nil, fmt.Errorf("%w: %s writes %s itself", ErrInvalidOption, op, FenceField)
 			}
 		}
-		if op.Key == "$max" {
+		if o.Key == "$max" {
 			update[i].Value = append(fields, rec)
 			return update, nil
 		}
