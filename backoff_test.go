@@ -87,7 +87,7 @@ func TestWaiterPolls(t *testing.T) {
 	const minBackoff, ttl = 10 * time.Millisecond, time.Minute
 	clk := newStepClock(time.Second)
 	a := newClient(t, coll)
-	b := newClient(t, coll, WithTTL(ttl), WithBackoff(minBackoff, time.Second), withClock(clk))
+	b := newClient(t, coll, WithTTL(ttl), WithBackoff(minBackoff, time.Second), withClock(clk), WithServerClockTakeover(true))
 	ma, mb := a.NewMutex("k"), b.NewMutex("k")
 	require.NoError(t, ma.Lock(ctx))
 
@@ -98,7 +98,7 @@ func TestWaiterPolls(t *testing.T) {
 	mark := commands.total.Load()
 	clk.advance(first)
 	second := clk.nextPoll(t)
-	assert.EqualValues(t, 3, commands.since(mark), "a second failed poll: the attempt, a read to watch the holder's revision, a hello for the server's clock")
+	assert.EqualValues(t, 3, commands.since(mark), "a second failed poll: the attempt, a read to watch the holder's revision, a hello for the server's clock (WithServerClockTakeover)")
 	for d := second; d < 200*time.Millisecond; d = clk.nextPoll(t) {
 		clk.advance(d) // still held: the polls slow down
 	}

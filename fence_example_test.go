@@ -4,31 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
-	"os"
 
 	"github.com/dlock-go/dlock"
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
-
-// fenceExampleCollection connects to the test server (MONGODB_URI, or the
-// one the tests started) and returns a fresh collection, and a func that
-// disconnects.
-func fenceExampleCollection(name string) (*mongo.Collection, func()) {
-	client, err := mongo.Connect(options.Client().ApplyURI(os.Getenv("DLOCK_EXAMPLE_URI")))
-	if err != nil {
-		log.Fatal(err)
-	}
-	coll := client.Database("dlock_examples").Collection(name)
-	coll.Drop(context.Background())
-	return coll, func() { client.Disconnect(context.Background()) }
-}
 
 func ExampleUpsertFenced() {
 	ctx := context.Background()
-	coll, disconnect := fenceExampleCollection("upsert_fenced")
+	coll, disconnect := exampleCollection("upsert_fenced")
 	defer disconnect()
 	id := bson.D{{Key: "_id", Value: "report"}} // the _id, by equality
 	set := func(v string) bson.D { return bson.D{{Key: "$set", Value: bson.D{{Key: "v", Value: v}}}} }
