@@ -167,21 +167,22 @@ var (
 // its own. The record is read to start a watch on the holder's revision,
 // when a wait outlasts its first poll (a TryLock reads at once), again when
 // that watch says the revision may be taken over, and, while the Lock span
-// is recorded, to name each new holder in it. A read that shows the key
+// is recorded and has named fewer than maxHeldEvents holders, after the
+// failed polls numbered 2, 4, 8, 16 and so on, to name each new holder in
+// it: a traced wait of n polls spends at most log2(n) reads more. A read that shows the key
 // takeable is followed by an attempt at once, but only once: if that
 // attempt fails too (a lagging read), the next waits for the poll.
 func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, error) {
 	a := attempt{key: m.key, owner: c.owner, hold: c.holds.Add(1), ttl: m.cfg.ttl}
 	var (
-		w          watch
-		polls      *poller
-		attempts   int
-		unsure     bool   // an attempt may have applied without our seeing the reply
-		rushed     bool   // this attempt followed a read at once
-		lastErr    error  // the last transient failure
-		holder     record // the last holder reported to the trace
-		events     int    // holders reported
-		traceReads int    // reads made only for the trace
+		w        watch
+		polls    *poller
+		attempts int
+		unsure   bool   // an attempt may have applied without our seeing the reply
+		rushed   bool   // this attempt followed a read at once
+		lastErr  error  // the last transient failure
+		holder   record // the last holder reported to the trace
+		events   int    // holders reported
 	)
 	tracing := trace.SpanFromContext(ctx).IsRecording()
 	giveUp := func(err error) (*Lease, int, error) {
@@ -230,10 +231,7 @@ func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, 
 		case rushed:
 			err = nil // wait for the poll: see the doc comment
 		case (w.rev == 0 && (try || attempts > 1)) || w.takeover(c.clock.Now()) != 0 ||
-			tracing && events < maxHeldEvents && traceReads < 2*maxHeldEvents:
-			if w.rev != 0 && w.takeover(c.clock.Now()) == 0 {
-				traceReads++
-			}
+			tracing && events < maxHeldEvents && attempts&(attempts-1) == 0:
 			r, err = c.observe(ctx, a, &w)
 			if err == nil && (r.free() || w.takeover(c.clock.Now()) != 0) {
 				rushed = true

@@ -42,13 +42,14 @@ func TestExclusion(t *testing.T) {
 				return
 			}
 			n := holders.Add(1)
-			if n > maxHolders.Load() {
-				maxHolders.Store(n)
+			for seen := maxHolders.Load(); n > seen && !maxHolders.CompareAndSwap(seen, n); seen = maxHolders.Load() {
 			}
 			tok := uint64(m.Lease().Token())
 			if prev := lastToken.Swap(tok); prev >= tok {
 				t.Errorf("token %d after %d", tok, prev)
 			}
+			time.Sleep(time.Millisecond) // the critical section: others poll meanwhile
+			require.NoError(t, m.Lease().Err())
 			total.Add(1)
 			holders.Add(-1)
 			if err := m.Unlock(ctx); err != nil {
@@ -327,13 +328,10 @@ func TestReleaseAndExtendAreConditional(t *testing.T) {
 	d := newClient(t, coll, WithTTL(300*time.Millisecond), withFaults(f))
 	md := d.NewMutex("lostreply")
 	require.NoError(t, md.Lock(ctx))
-	for f.extends.Load() < 2 {
-		time.Sleep(time.Millisecond) // polling a counter the extender bumps
-	}
+	require.Eventually(t, func() bool { return f.extends.Load() >= 2 }, 10*time.Second, time.Millisecond, "extensions")
 	f.loseExtReply.Store(false)
-	for n := f.extends.Load(); f.extends.Load() < n+2; {
-		time.Sleep(time.Millisecond) // polling a counter the extender bumps
-	}
+	n := f.extends.Load()
+	require.Eventually(t, func() bool { return f.extends.Load() >= n+2 }, 10*time.Second, time.Millisecond, "extensions")
 	require.NoError(t, md.Lease().Err(), "an extension whose reply was lost must not cost the lease")
 	require.NoError(t, md.Unlock(ctx))
 }
@@ -378,19 +376,31 @@ func TestCrashedHolder(t *testing.T) {
 // Behaviour 9: lock writes use majority write concern.
 func TestMajorityWriteConcern(t *testing.T) {
 	coll := newColl(t)
+	ctx := context.Background()
 	c := newClient(t, coll)
-	require.NoError(t, c.NewMutex("k").Lock(context.Background()))
+	m := c.NewMutex("k")
+	require.NoError(t, m.Lock(ctx))                                              // findAndModify
+	require.ErrorIs(t, newClient(t, coll).NewMutex("k").TryLock(ctx), ErrLocked) // and a find
+	require.NoError(t, m.Unlock(ctx))                                            // update
 	commands.mu.Lock()
 	defer commands.mu.Unlock()
-	var found bool
+	found := map[string]bool{}
 	for _, e := range commands.last {
-		if e.CommandName == "findAndModify" {
-			found = true
-			w := e.Command.Lookup("writeConcern", "w")
-			assert.Equal(t, "majority", w.StringValue(), "write concern of %s", e.Command)
+		if name, _ := e.Command.Lookup(e.CommandName).StringValueOK(); name != coll.Name() {
+			continue // another test's, or the test's own reads
+		}
+		switch e.CommandName {
+		case "findAndModify", "update":
+			found[e.CommandName] = true
+			w, _ := e.Command.Lookup("writeConcern", "w").StringValueOK()
+			assert.Equal(t, "majority", w, "write concern of %s", e.Command)
+		case "find":
+			found[e.CommandName] = true
+			rc, _ := e.Command.Lookup("readConcern", "level").StringValueOK()
+			assert.Equal(t, "majority", rc, "read concern of %s", e.Command)
 		}
 	}
-	assert.True(t, found)
+	assert.Equal(t, map[string]bool{"findAndModify": true, "update": true, "find": true}, found, "commands seen")
 }
 
 // Behaviour 11: bad input gets a clear error.
@@ -501,8 +511,14 @@ func TestManyLeasesAreExtended(t *testing.T) {
 		require.NoError(t, mutexes[i].Lock(ctx))
 	}
 	// Leases taken over a while fall into step: wait for a round of all.
+	timeout := time.After(time.Minute)
 	for full := 0; full < 2; {
-		r := <-rounds
+		var r extendRound
+		select {
+		case r = <-rounds:
+		case <-timeout:
+			t.Fatalf("no two full rounds of extensions in a minute (%d)", full)
+		}
 		require.NoError(t, r.err)
 		if r.leases == n {
 			full++
@@ -516,5 +532,39 @@ func TestManyLeasesAreExtended(t *testing.T) {
 	}
 	for _, m := range mutexes {
 		require.NoError(t, m.Lease().Err())
+	}
+}
+
+// Concurrent first Locks of a key that has no document yet, from several
+// Clients: the upserts race on the _id index; exactly one wins each round,
+// and the losers see the key held, not an error.
+func TestConcurrentFirstLocks(t *testing.T) {
+	coll := newColl(t)
+	ctx := context.Background()
+	clients := make([]*Client, 4)
+	for i := range clients {
+		clients[i] = newClient(t, coll)
+	}
+	for round := range 10 {
+		key := fmt.Sprint("new-", round)
+		errs := make(chan error, len(clients))
+		start := make(chan struct{})
+		for _, c := range clients {
+			go func() {
+				<-start
+				errs <- c.NewMutex(key).TryLock(ctx)
+			}()
+		}
+		close(start)
+		won := 0
+		for range clients {
+			if err := <-errs; err == nil {
+				won++
+			} else {
+				require.ErrorIs(t, err, ErrLocked)
+			}
+		}
+		assert.Equal(t, 1, won, "round %d", round)
+		assert.EqualValues(t, 1, readDoc(t, coll, key).Token)
 	}
 }

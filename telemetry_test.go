@@ -3,6 +3,7 @@ package dlock
 import (
 	"context"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -90,7 +91,20 @@ func TestTelemetryLockSpans(t *testing.T) {
 	coll := newColl(t)
 	ctx := context.Background()
 	holder := newClient(t, coll, WithOwner("holder"))
-	c := newClient(t, coll, append(rig.opts, WithBackoff(time.Millisecond, 5*time.Millisecond))...)
+	observed := make(chan struct{}, 1) // a read by the waiter: it has seen the holder
+	c := newClient(t, coll, append(rig.opts, WithBackoff(time.Millisecond, 5*time.Millisecond),
+		withStoreWrapper(func(s store) store {
+			h := &hooked{store: s, hooks: map[string]hook{}, calls: map[string]int{}}
+			h.on("read", func(_ context.Context, call func() error) error {
+				err := call()
+				select {
+				case observed <- struct{}{}:
+				default:
+				}
+				return err
+			})
+			return h
+		}))...)
 	require.NoError(t, holder.NewMutex("k").Lock(ctx))
 
 	tracer := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rig.spans)).Tracer("test")
@@ -105,8 +119,12 @@ func TestTelemetryLockSpans(t *testing.T) {
 	// Acquired after waiting: the holder lets go while we wait.
 	m := c.NewMutex("k")
 	done := make(chan error)
+	for len(observed) > 0 { // reads of the calls above
+		<-observed
+	}
 	go func() { done <- m.Lock(pctx) }()
-	time.AfterFunc(20*time.Millisecond, func() { holder.NewMutex("k"); holder.Close(ctx) })
+	<-observed
+	require.NoError(t, holder.Close(ctx))
 	require.NoError(t, <-done)
 	require.NoError(t, m.Unlock(pctx))
 	parent.End()
@@ -190,4 +208,47 @@ func TestTelemetryCommands(t *testing.T) {
 		require.NoError(t, m.Unlock(ctx))
 	}
 	assert.EqualValues(t, commands.since(mark), sum(t, rig.metrics(t)["dlock.commands"], attribute.KeyValue{}))
+}
+
+// Each new holder a traced wait sees is named in a dlock.held event, up to
+// the cap: a wait through holders A, B and C records all three, in order.
+// (Before, only the holder of the first read was named.)
+func TestTelemetryHeldNamesEachHolder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rig := newTelemetryRig()
+		st := newMemStore()
+		var holders []*Client
+		for _, name := range []string{"A", "B", "C"} {
+			c, _ := memClient(t, st, WithOwner(name))
+			holders = append(holders, c)
+		}
+		w, _ := memClient(t, st, append(rig.opts, WithBackoff(time.Millisecond, time.Millisecond))...)
+		ctx := context.Background()
+		held := holders[0].NewMutex("k")
+		require.NoError(t, held.Lock(ctx))
+		done := make(chan error)
+		go func() { done <- w.NewMutex("k").Lock(ctx) }()
+		// Polls about every millisecond, traced reads at polls 2, 4, 8, 16,
+		// 32: A holds until 10 ms, B until 30 ms, C until 70 ms.
+		for i, next := range holders[1:] {
+			time.Sleep(time.Duration(10+10*i) * time.Millisecond) // the waiter polls meanwhile
+			require.NoError(t, held.Unlock(ctx))
+			held = next.NewMutex("k")
+			require.NoError(t, held.Lock(ctx)) // before the waiter's next poll
+		}
+		time.Sleep(40 * time.Millisecond)
+		require.NoError(t, held.Unlock(ctx))
+		require.NoError(t, <-done)
+		locks := rig.ended("dlock.Lock")
+		require.Len(t, locks, 1)
+		var seen []string
+		for _, e := range locks[0].Events() {
+			for _, kv := range e.Attributes {
+				if kv.Key == attrHolderOwner {
+					seen = append(seen, kv.Value.AsString())
+				}
+			}
+		}
+		assert.Equal(t, []string{"A", "B", "C"}, seen)
+	})
 }

@@ -79,9 +79,17 @@ func TestSerializerRestoresAtomicity(t *testing.T) {
 	if overlaps != 0 || wins == 0 {
 		t.Fatalf("serialized server: %d of %d wins overlapped", overlaps, wins)
 	}
-	wins, overlaps = race(t, true, 8, 2*time.Second)
-	t.Logf("raw FerretDB: %d wins, %d overlapping", wins, overlaps)
-	if overlaps == 0 {
-		t.Logf("raw FerretDB showed no overlap this run (the race depends on timing)")
+	// Without the serializer, FerretDB v1 lets two compare-and-set winners
+	// overlap: this is why the test server serializes. The race depends on
+	// timing, so it gets up to five rounds to show itself (one is usual).
+	for round := 1; ; round++ {
+		wins, overlaps = race(t, true, 8, 2*time.Second)
+		t.Logf("raw FerretDB, round %d: %d wins, %d overlapping", round, wins, overlaps)
+		if overlaps > 0 {
+			break
+		}
+		if round == 5 {
+			t.Fatal("raw FerretDB v1 showed no overlapping winners: has it become atomic? Then the serializer may go")
+		}
 	}
 }
