@@ -1,6 +1,7 @@
 package dlock
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -9,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -22,20 +25,27 @@ import (
 // costs (CPU, memory, commands) apart from the server's. It is no database:
 // nothing is checked, so no test of correctness may use it.
 type ackServer struct {
-	ln    net.Listener
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
+	ferretV2 bool // answer as FerretDB v2.7 does where it differs from MongoDB
+	ln       net.Listener
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	conns    map[net.Conn]struct{}
 }
 
 // newAckClient starts an ackServer and returns a collection on it, both
 // closed when the benchmark ends. Commands are counted in commands.
 func newAckClient(tb testing.TB) *mongo.Collection {
+	return startAckServer(tb, &ackServer{})
+}
+
+// startAckServer starts s and returns a collection on it, both closed when
+// the test ends.
+func startAckServer(tb testing.TB, s *ackServer) *mongo.Collection {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s := &ackServer{ln: ln, conns: map[net.Conn]struct{}{}}
+	s.ln, s.conns = ln, map[net.Conn]struct{}{}
 	s.wg.Add(1)
 	go s.accept()
 	client, err := mongo.Connect(options.Client().
@@ -117,7 +127,7 @@ func (s *ackServer) serve(c net.Conn) error {
 		}
 		rest = rest[1+n:]
 	}
-	reply, err := bson.Marshal(ack(body, statements))
+	reply, err := bson.Marshal(s.ack(body, statements))
 	if err != nil {
 		return err
 	}
@@ -131,10 +141,38 @@ func (s *ackServer) serve(c net.Conn) error {
 
 // ack is the reply to a command: a hello, an update of any number of
 // statements, a findAndModify that grants the hold it asks for, or ok.
-func ack(cmd bson.Raw, statements int) bson.D {
+func (s *ackServer) ack(cmd bson.Raw, statements int) bson.D {
 	elems, _ := cmd.Elements()
 	if len(elems) == 0 {
 		return bson.D{{Key: "ok", Value: 0}}
+	}
+	switch name := elems[0].Key(); {
+	case s.ferretV2 && name == "findAndModify":
+		// FerretDB v2.7 on an upsert whose filter misses an existing _id:
+		// PostgreSQL's unique violation, unmapped, as code 1.
+		return bson.D{
+			{Key: "ok", Value: 0.0},
+			{Key: "errmsg", Value: `(InternalError) duplicate key value violates unique constraint "collection_pk_5"`},
+			{Key: "code", Value: int32(1)}, {Key: "codeName", Value: "InternalError"},
+		}
+	case s.ferretV2 && name == "find": // the key, held by another owner
+		return bson.D{
+			{Key: "cursor", Value: bson.D{
+				{Key: "firstBatch", Value: bson.A{bson.D{
+					{Key: "_id", Value: cmd.Lookup("filter", "_id")}, {Key: fOwner, Value: "other"},
+					{Key: fToken, Value: int64(1)}, {Key: fRev, Value: int64(1)}, {Key: fTTL, Value: int64(1000)},
+					{Key: fAt, Value: time.Now()}, {Key: fHold, Value: int64(1)},
+				}}},
+				{Key: "id", Value: int64(0)}, {Key: "ns", Value: "ack.locks"},
+			}},
+			{Key: "ok", Value: 1.0},
+		}
+	case s.ferretV2 && name == "buildInfo":
+		return bson.D{
+			{Key: "version", Value: "7.0.77"},
+			{Key: "ferretdb", Value: bson.D{{Key: "version", Value: "v2.7.0"}}},
+			{Key: "ok", Value: 1.0},
+		}
 	}
 	switch elems[0].Key() {
 	case "hello", "isMaster", "ismaster":
@@ -163,4 +201,25 @@ func ack(cmd bson.Raw, statements int) bson.D {
 	default:
 		return bson.D{{Key: "ok", Value: 1.0}}
 	}
+}
+
+// FerretDB v2 answers a findAndModify upsert that collides with an existing
+// _id with code 1 and PostgreSQL's message, not DuplicateKey: dlock reads
+// it as "held", so a contended acquire is ErrLocked, not a hard error.
+// Its buildInfo (ferretdb.version, no ferretdbVersion) asks for no batch
+// cap: v2 takes big commands whole.
+func TestFerretDBv2Replies(t *testing.T) {
+	coll := startAckServer(t, &ackServer{ferretV2: true})
+	ctx := context.Background()
+	s := newMongoStore(coll, func(context.Context, int) {})
+	_, err := s.acquire(ctx, attempt{key: "k", owner: "me", hold: 1, ttl: time.Second}, 0)
+	require.ErrorIs(t, err, errHeld)
+	n, err := s.batchLimit(ctx, 1000)
+	require.NoError(t, err)
+	assert.Equal(t, 1000, n, "no cap on FerretDB v2")
+
+	c := newClient(t, coll)
+	err = c.NewMutex("k").TryLock(ctx)
+	require.ErrorIs(t, err, ErrLocked)
+	assert.False(t, duplicateKey(errors.New("duplicate key value violates unique constraint")), "only a server error with code 1")
 }
