@@ -2,9 +2,13 @@ package dlock
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/dlock-go/dlock/internal/memhook"
 )
 
 // memStore keeps lock records in memory with the semantics the MongoDB
@@ -154,4 +158,101 @@ func (s *memStore) serverTime(ctx context.Context) (time.Time, bool, error) {
 		return time.Time{}, false, err
 	}
 	return s.now(), true, nil
+}
+
+// errUnreachable is what a partitioned memLink answers: a network fault,
+// transient, with nothing applied.
+var errUnreachable = errors.New("dlock: server unreachable (partitioned)")
+
+// A memLink is one Client's connection to a memStore; while down, every
+// request fails with errUnreachable before reaching the store.
+type memLink struct {
+	*memStore
+	down atomic.Bool
+}
+
+func (l *memLink) check(ctx context.Context) error {
+	if l.down.Load() {
+		return errUnreachable
+	}
+	return nil
+}
+
+func (l *memLink) acquire(ctx context.Context, a attempt, takeover int64) (record, error) {
+	if err := l.check(ctx); err != nil {
+		return record{}, err
+	}
+	return l.memStore.acquire(ctx, a, takeover)
+}
+
+func (l *memLink) handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration) (record, error) {
+	if err := l.check(ctx); err != nil {
+		return record{}, err
+	}
+	return l.memStore.handoff(ctx, ref, hold, ttl)
+}
+
+func (l *memLink) extend(ctx context.Context, refs []leaseRef) ([]bool, error) {
+	if err := l.check(ctx); err != nil {
+		return nil, err
+	}
+	return l.memStore.extend(ctx, refs)
+}
+
+func (l *memLink) release(ctx context.Context, ref leaseRef) error {
+	if err := l.check(ctx); err != nil {
+		return err
+	}
+	return l.memStore.release(ctx, ref)
+}
+
+func (l *memLink) releaseAll(ctx context.Context, refs []leaseRef) error {
+	if err := l.check(ctx); err != nil {
+		return err
+	}
+	return l.memStore.releaseAll(ctx, refs)
+}
+
+func (l *memLink) abandon(ctx context.Context, a attempt) error {
+	if err := l.check(ctx); err != nil {
+		return err
+	}
+	return l.memStore.abandon(ctx, a)
+}
+
+func (l *memLink) read(ctx context.Context, key string) (record, error) {
+	if err := l.check(ctx); err != nil {
+		return record{}, err
+	}
+	return l.memStore.read(ctx, key)
+}
+
+func (l *memLink) serverTime(ctx context.Context) (time.Time, bool, error) {
+	if err := l.check(ctx); err != nil {
+		return time.Time{}, false, err
+	}
+	return l.memStore.serverTime(ctx)
+}
+
+func init() {
+	memhook.NewServer = func() any { return newMemStore() }
+	memhook.NewClient = func(server any, opts []any) (any, any, error) {
+		st, ok := server.(*memStore)
+		if !ok {
+			return nil, nil, fmt.Errorf("%w: not an in-memory server", ErrInvalidOption)
+		}
+		os := make([]Option, len(opts))
+		for i, o := range opts {
+			if os[i], ok = o.(Option); !ok {
+				return nil, nil, fmt.Errorf("%w: %T is not a dlock.Option", ErrInvalidOption, o)
+			}
+		}
+		link := &memLink{memStore: st}
+		c, err := newClientOn(func(*telemetry) store { return link }, os...)
+		if err != nil {
+			return nil, nil, err
+		}
+		return c, link, nil
+	}
+	memhook.SetPartitioned = func(link any, down bool) { link.(*memLink).down.Store(down) }
 }

@@ -324,6 +324,6 @@ func (s *mongoStore) serverTime(ctx context.Context) (time.Time, bool, error) {
 // rejected command) are returned to the caller at once.
 func transient(err error) bool {
 	var le mongo.LabeledError
-	return mongo.IsNetworkError(err) || mongo.IsTimeout(err) ||
+	return errors.Is(err, errUnreachable) || mongo.IsNetworkError(err) || mongo.IsTimeout(err) ||
 		(errors.As(err, &le) && (le.HasErrorLabel("RetryableWriteError") || le.HasErrorLabel("TransientTransactionError")))
 }
