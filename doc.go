@@ -8,12 +8,14 @@
 //
 // # Guarantees
 //
-// At most one lease on a key is held at a time, across all Clients that
-// share the collection, provided the server applies each single-document
-// update atomically (MongoDB does; FerretDB v1 does not, see the README),
-// and the clocks of the clients and of the server each run within
-// [MaxClockDrift] of true time. Clocks may be set to any time at all: dlock
-// never compares one machine's wall clock with another's.
+// At most one lease on a key is valid at a time (its Err is nil), across
+// all Clients that share the collection, provided the server applies each
+// single-document update atomically (MongoDB does; FerretDB v1 does not,
+// see the README), and the clock of each client runs within
+// [MaxClockDrift] of true time. Clocks may be set to any time, and stepped
+// at any time: by default dlock never compares one machine's wall clock
+// with another's, nor two readings of the server's wall clock, and never
+// reads a client's wall clock at all (only its monotonic clock).
 //
 // Fencing tokens for a key strictly increase for the key's whole life: the
 // document is never deleted, so releases, expiries, takeovers and restarts
@@ -32,23 +34,65 @@
 // of true time make the holder's reliance end first. The ttl used is the
 // one the holder wrote into the document.
 //
-// A waiter also knows the server's clock (the hello command's localTime,
-// read at most once per TTL and carried forward between readings as a
-// lower bound that allows for both clocks' drift), and counts the server
-// time elapsed since the server stamped the revision it sees ($currentDate)
-// towards its wait. Both
-// stamps come from one clock, the server's, so a key abandoned more than a
-// TTL ago is taken at once. On a replica set this assumes that a new primary
-// elected between the two stamps has a clock that agrees with the old one
-// to within the guard. Servers that do not report their clock are detected,
-// and waiters then count their own clock only.
+// So a key whose holder crashed is free again at most one TTL after the
+// waiter first read it (plus a poll interval), which is at most two TTLs
+// after the holder's last write, however long ago that was.
 //
-// A lease whose extensions fail (a partition, a slow server) is thus lost
-// at its local deadline, before any other client can take the key. A
-// process that is paused (garbage collection, a frozen VM) may wake after
-// that deadline still believing it holds the key for an instant: that is
-// why each hold has a token, and why the resource should check it ([Fence],
-// [UpdateFenced]).
+// # The server's clock
+//
+// By default the server's clock is not used at all: the stamp each write
+// puts in the document (the at field, $currentDate) is informative only.
+// [WithServerClockTakeover] lets a waiter count the server's time since
+// that stamp towards its wait, so that a key abandoned more than a TTL ago
+// is taken at once. That assumes one server clock that is never stepped
+// (see the option): a step forward of the server's clock, a failover to a
+// member whose clock is off, or a sharded cluster (where mongos answers
+// the time and a shard stamps the document) can then let a waiter take a
+// key whose holder still believes it holds it. dlock cross-checks
+// successive readings of the server's clock against its own and stops
+// counting it when they disagree, but it cannot see a step that came
+// between a holder's write and the waiter's first reading.
+//
+// # Holds and clean-up writes
+//
+// Each Lock call names its acquisition with a hold id, unique among its
+// Client's, written into the document with the hold. A retry of an acquire
+// whose reply was lost finds the key held by its own hold id and renews it;
+// the clean-up after a Lock that gave up with its outcome unknown frees
+// only a hold with that id. So no clean-up write, however late it lands,
+// can free a later hold, even one of the same Client; releases and
+// extensions are conditional on the owner and the token. A hold of a
+// Client's that none of its calls relies on (left by a Lock that gave up,
+// or by a lease that was lost) is taken over at once by that Client's next
+// Lock of the key; other Clients wait for it as for any holder.
+//
+// # What is not guaranteed
+//
+// A process that is paused (garbage collection, a frozen VM, SIGSTOP) may
+// wake after its lease's deadline and act on the protected resource before
+// it checks Err again: the lease cannot stop that, which is why each hold
+// has a token and why the resource should check it ([Fence],
+// [UpdateFenced], [UpsertFenced]). Lost closes at the local deadline when
+// the Client's goroutine gets to run; Err reads the clock itself, so check
+// Err (or run the work under [Lease.Context]) right before acting.
+//
+// A Lock that gives up while its last acquire is unanswered leaves that
+// acquire's outcome unknown: if it lands later still (a very slow server),
+// the key stays held, by no one, until its TTL passes or the same Client
+// locks it again.
+//
+// Waiters in different Clients race: a Client that unlocks and locks again
+// often wins against the polls of other Clients (no fairness across
+// Clients). Goroutines of one Client queue in order.
+//
+// # Close
+//
+// [Client.Close] stops new calls, waits for calls under way (so that a
+// Lock answered as Close began gives its hold back, and an Unlock's
+// handoff finishes), ends and frees every lease in one write, and waits
+// for its background clean-up writes. A Client runs one goroutine that
+// extends its leases, plus short clean-up writes (each bounded by a
+// second and by the TTL); none outlives Close.
 //
 // # Costs
 //
@@ -58,7 +102,8 @@
 // the server; on Unlock the hold passes to the next of them in one command.
 // A Lock waiting on another Client polls with acquire attempts, so the
 // poll that finds the key free takes it; it reads the lock document only
-// to watch the holder's revision for takeover.
+// to watch the holder's revision for takeover (and, while its trace span
+// is recorded, now and then to name the holders it waits for).
 //
 // # Telemetry
 //

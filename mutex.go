@@ -168,7 +168,7 @@ var (
 // when a wait outlasts its first poll (a TryLock reads at once), again when
 // that watch says the revision may be taken over, and, while the Lock span
 // is recorded and has named fewer than maxHeldEvents holders, after the
-// failed polls numbered 2, 4, 8, 16 and so on, to name each new holder in
+// failed polls numbered 1, 2, 4, 8 and so on, to name each new holder in
 // it: a traced wait of n polls spends at most log2(n) reads more. A read that shows the key
 // takeable is followed by an attempt at once, but only once: if that
 // attempt fails too (a lagging read), the next waits for the poll.
