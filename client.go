@@ -388,11 +388,13 @@ func (c *Client) passOn(key string, l *Lease) {
 }
 
 // release gives lease l back and passes this Client's slot for its key on.
-// With a local waiter, it hands the hold over in one command instead of
-// freeing the key and having the waiter take it again. A lease already
-// lost (by the extender, or past its local deadline) is not handed over:
-// its error is returned at once and the key is tidied up in the
-// background.
+// The lease ends before any write is sent (Err reports ErrReleased, Done
+// closes, Context is cancelled): once the write lands the key may be
+// another's, so nothing may still be relying on the lease. With a local
+// waiter, it hands the hold over in one command instead of freeing the key
+// and having the waiter take it again. A lease already lost (by the
+// extender, or past its local deadline) is not handed over: its error is
+// returned at once and the key is tidied up in the background.
 func (c *Client) release(ctx context.Context, l *Lease) error {
 	if errors.Is(l.ended(), ErrReleased) { // ended by Close
 		return ErrClosed
@@ -406,13 +408,22 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 		c.leave(l.key)
 		return err
 	}
+	if c.cfg.flaw != flawExtendReleasing && !l.end(ErrReleased, "") { // lost or closed a moment ago
+		c.leave(l.key)
+		return closedIf(l.ended())
+	}
+	if c.cfg.flaw == flawExtendReleasing { // the old order: ended once the write is answered
+		defer l.end(ErrReleased, "")
+	}
+	// stolen is what to report when the store shows the hold was taken
+	// over before this release: the lease had been lost unseen.
+	stolen := &LeaseLostError{Key: l.key, Token: l.token}
 	if w := c.next(l.key); w != nil {
 		hold := c.holds.Add(1)
 		sent := c.clock.Now()
 		r, err := c.store.handoff(ctx, l.ref(), hold, w.m.cfg.ttl)
 		switch {
 		case err == nil:
-			l.end(ErrReleased, "")
 			next := c.newLease(w.m, r, sent)
 			if !c.ext.add(next) { // Close could not wait for this call: free the key
 				c.store.release(ctx, next.ref())
@@ -421,25 +432,21 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 			c.deliver(l.key, w, next)
 			return nil
 		case errors.Is(err, errNotOwner):
-			err = l.steal()
-		default:
-			l.end(ErrReleased, "") // the outcome is unknown: ended here all the same
+			err = stolen
 		}
-		c.deliver(l.key, w, nil)
-		return closedIf(err)
+		c.deliver(l.key, w, nil) // the outcome unknown: the waiter takes over a hold of ours at once
+		return err
 	}
 	err := c.store.release(ctx, l.ref())
 	if errors.Is(err, errNotOwner) {
-		err = l.steal()
-	} else {
-		l.end(ErrReleased, "") // also when the outcome is unknown
+		err = stolen
 	}
 	c.leave(l.key)
-	return closedIf(err)
+	return err
 }
 
 // closedIf turns ErrReleased, which only Close can have ended a lease with
-// by the time its Release runs, into ErrClosed.
+// by the time its Release looks, into ErrClosed.
 func closedIf(err error) error {
 	if errors.Is(err, ErrReleased) {
 		return ErrClosed

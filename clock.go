@@ -1,6 +1,9 @@
 package dlock
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // A clock is where the lease logic reads time. Only differences between its
 // readings matter (dlock never compares wall clocks of two machines), so a
@@ -35,6 +38,10 @@ func (c *skewedClock) Now() time.Time {
 	return c.origin.Add(c.offset + time.Duration(float64(time.Since(c.origin))*c.rate))
 }
 
+// NewTimer fires once d has passed on c: rounded up, and a nanosecond
+// late, so that Now read when it fires is never short of the target (a
+// caller that finds it short would set a timer of 0 and, under
+// testing/synctest, spin with the bubble's clock stopped).
 func (c *skewedClock) NewTimer(d time.Duration) *time.Timer {
-	return time.NewTimer(time.Duration(float64(d) / c.rate))
+	return time.NewTimer(time.Duration(math.Ceil(float64(d)/c.rate)) + time.Nanosecond)
 }

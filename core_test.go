@@ -492,33 +492,35 @@ func TestLockNeverReturnsAnEndedLease(t *testing.T) {
 	})
 }
 
-// A Close that cannot wait (its ctx has ended) ends a lease whose Release
-// is in flight; that Release, finding the key no longer held, reports
-// ErrClosed, not ErrReleased.
-func TestReleaseRacingCloseThatCannotWait(t *testing.T) {
+// Found by the simulation: a lease stayed valid (Err nil, Context live)
+// while its release was in flight, so work under its Context could run on
+// after the key had passed to another Client. Release ends the lease
+// before it sends anything, on both of its paths.
+func TestReleaseEndsLeaseBeforeWriting(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newMemStore()
 		c, h := memClient(t, st)
 		m := c.NewMutex("k")
-		require.NoError(t, m.Lock(context.Background()))
-		answer := make(chan struct{})
-		h.on("release", func(_ context.Context, call func() error) error {
-			<-answer
-			return call()
-		})
-		unlocked := make(chan error)
-		go func() { unlocked <- m.Unlock(context.Background()) }()
-		synctest.Wait()
-		done, cancel := context.WithCancel(context.Background())
-		cancel()
-		require.ErrorIs(t, c.Close(done), context.Canceled) // ends the lease; cannot free the key
-		st.mu.Lock()
-		r := st.records["k"]
-		r.Owner = "" // freed meanwhile: the Release will find it gone
-		st.write("k", r)
-		st.mu.Unlock()
-		close(answer)
-		require.ErrorIs(t, <-unlocked, ErrClosed)
+		for _, op := range []string{"release", "handoff"} {
+			require.NoError(t, m.Lock(context.Background()))
+			l := m.Lease()
+			work := l.Context()
+			h.on(op, func(_ context.Context, call func() error) error {
+				require.ErrorIs(t, l.Err(), ErrReleased, "%s sent while the lease is valid", op)
+				require.Error(t, work.Err(), "%s sent while work runs under the lease", op)
+				return call()
+			})
+			if op == "handoff" {
+				got := make(chan error)
+				go func() { got <- c.NewMutex("k").Lock(context.Background()) }()
+				synctest.Wait()
+				require.NoError(t, m.Unlock(context.Background()))
+				require.NoError(t, <-got)
+			} else {
+				require.NoError(t, m.Unlock(context.Background()))
+			}
+			assert.Equal(t, 1, h.count(op))
+		}
 	})
 }
 

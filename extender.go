@@ -152,7 +152,7 @@ func (e *extender) scan(now time.Time, want bool) (expired, batch []*Lease, wake
 			continue
 		}
 		soon(deadline)
-		if !want || returned { // a lease being released is not extended
+		if !want || returned && e.c.cfg.flaw != flawExtendReleasing { // a lease being released is not extended
 			continue
 		}
 		if !now.Before(next) {
@@ -198,6 +198,8 @@ func (e *extender) apply(r extendResult) {
 		case l.ended() != nil || l.returning():
 		case r.err != nil:
 			l.failed(now, r.err)
+		case r.ok[i] && e.c.cfg.flaw == flawDeadlineFromReply:
+			l.extended(now)
 		case r.ok[i]:
 			l.extended(r.sent)
 		default:

@@ -104,7 +104,11 @@ func (l *Lease) Context() context.Context {
 // Release gives the lease back: one command to the server, which frees the
 // key only if this lease still holds it; or, when another goroutine of this
 // Client waits for the key, one command that passes it to that goroutine
-// with a new token. If the lease was lost (its Err is not nil, which
+// with a new token. The lease ends before that command is sent: Err
+// reports [ErrReleased], Done closes and Context is cancelled, so that
+// nothing still relies on it when the key passes on. If the server shows
+// that the hold had been taken over already, Release returns a
+// [*LeaseLostError]. If the lease was lost (its Err is not nil, which
 // includes a lease past its local deadline that the background goroutine
 // has not yet ended), Release returns its [*LeaseLostError] at once,
 // changes nothing for a new holder, and tidies up in the background. A

@@ -203,14 +203,16 @@ func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, 
 		r, err := c.store.acquire(ctx, a, w.takeover(sent))
 		switch {
 		case err == nil:
+			if c.cfg.flaw == flawDeadlineFromReply {
+				sent = c.clock.Now()
+			}
 			l := c.newLease(m, r, sent)
 			if c.isClosing() || !c.ext.add(l) {
-				// Won as Close began: give it back before Close's own
-				// release, which waits for this call.
-				ctx, cancel := detached(ctx, a.ttl)
-				c.store.release(ctx, l.ref())
-				cancel()
+				// Won as Close began: give it back, in the background so
+				// that Lock returns at once; Close waits for it.
 				l.end(ErrReleased, "")
+				ref := l.ref()
+				c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
 				return nil, attempts, ErrClosed
 			}
 			if l.Err() != nil {
@@ -298,6 +300,9 @@ func (c *Client) observe(ctx context.Context, a attempt, w *watch) (record, erro
 		return r, nil
 	}
 	elapsed := time.Duration(-1)
+	if c.cfg.flaw == flawWallClockExpiry {
+		elapsed = c.clock.Now().Sub(r.At) // our wall clock against the server's: unsound
+	}
 	if r.Rev != w.rev && c.serverClock.reported() {
 		now, ok := c.serverClock.estimate(c.clock.Now(), r.TTL)
 		if !ok {

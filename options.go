@@ -51,6 +51,7 @@ type config struct {
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
 	wrapStore      func(store) store // tests: inject faults
+	flaw           flaw              // tests: a deliberately broken variant (sim_test.go)
 
 	forMutex bool // applying options for one Mutex
 	err      error
@@ -160,6 +161,22 @@ func WithServerClockTakeover(on bool) Option {
 // drift clients' clocks. Client only.
 func withClock(k clock) Option {
 	return clientOnly("withClock", func(c *config) { c.clock = k })
+}
+
+// A flaw breaks the Client on purpose, so that the simulation tests can
+// show they catch it. Only tests set one (withFlaw).
+type flaw int
+
+const (
+	noFlaw                flaw = iota
+	flawWallClockExpiry        // a waiter takes over when its wall clock passes the holder's stamp plus the TTL
+	flawDeadlineFromReply      // the lease deadline counted from the reply, not the send
+	flawExtendReleasing        // the extender extends a lease being released (and Release ends it only once answered)
+)
+
+// withFlaw makes the Client's logic deliberately unsound; tests only.
+func withFlaw(f flaw) Option {
+	return clientOnly("withFlaw", func(c *config) { c.flaw = f })
 }
 
 // withStoreWrapper wraps the Client's store; tests use it to inject faults.

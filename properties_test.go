@@ -20,14 +20,14 @@ import (
 // writes as the MongoDB store.
 
 // flaw selects a deliberately broken variant, to show the properties catch it.
-type flaw int
+type modelFlaw int
 
 const (
-	sound             flaw = iota
-	wallClockExpiry        // waiter compares its wall clock with the holder's written expiry (mongoseal)
-	tokenRestarts          // the record is deleted on release, so the counter restarts
-	deadlineFromReply      // holder counts its lease from the reply, not the request
-	serverClockCredit      // waiter credits server time since the record's stamp (WithServerClockTakeover), while the server's clock is stepped
+	sound             modelFlaw = iota
+	wallClockExpiry             // waiter compares its wall clock with the holder's written expiry (mongoseal)
+	tokenRestarts               // the record is deleted on release, so the counter restarts
+	deadlineFromReply           // holder counts its lease from the reply, not the request
+	serverClockCredit           // waiter credits server time since the record's stamp (WithServerClockTakeover), while the server's clock is stepped
 )
 
 const (
@@ -89,7 +89,7 @@ type simClient struct {
 
 type simWorld struct {
 	t       *rapid.T
-	flaw    flaw
+	flaw    modelFlaw
 	now     time.Duration
 	q       eventQueue
 	seq     int
@@ -396,12 +396,12 @@ func (s *simWorld) lastAccepted() Token {
 
 // simulate draws a world and a history and runs it; it returns the first
 // invariant broken, or "".
-func simulate(t *rapid.T, f flaw, drift float64, faults bool) string {
+func simulate(t *rapid.T, f modelFlaw, drift float64, faults bool) string {
 	return simulateWith(t, f, drift, faults, nil)
 }
 
 // simulateWith is simulate with the world's settings adjusted by set.
-func simulateWith(t *rapid.T, f flaw, drift float64, faults bool, set func(*simWorld)) string {
+func simulateWith(t *rapid.T, f modelFlaw, drift float64, faults bool, set func(*simWorld)) string {
 	rates := rapid.OneOf(rapid.SampledFrom([]float64{-drift, drift}), rapid.Float64Range(-drift, drift))
 	if drift > MaxClockDrift {
 		rates = rapid.SampledFrom([]float64{-drift, drift}) // beyond the bound
@@ -530,7 +530,7 @@ func TestPropertyDriftBeyondBound(t *testing.T) {
 func TestPropertyCatchesFlaws(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		flaw   flaw
+		flaw   modelFlaw
 		budget int
 	}{
 		{"wall-clock expiry", wallClockExpiry, 1000},
@@ -546,7 +546,7 @@ func TestPropertyCatchesFlaws(t *testing.T) {
 // expectCaught runs the property on a flawed variant, in rounds of rapid's
 // default number of checks, and passes when it finds a counterexample
 // within budget checks.
-func expectCaught(t *testing.T, f flaw, drift float64, budget int) {
+func expectCaught(t *testing.T, f modelFlaw, drift float64, budget int) {
 	checks := 0
 	var found string
 	for found == "" && checks < budget {
