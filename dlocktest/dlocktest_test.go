@@ -34,6 +34,19 @@ func holdFor(ttl time.Duration) time.Duration {
 	return time.Duration(float64(ttl)*(1-dlock.MaxClockDrift)/(1+dlock.MaxClockDrift) - float64(ttl)*0.01)
 }
 
+// within returns what ch yields, or fails the test when d of fake time
+// passes first: a broken partition fails the test instead of hanging it.
+func within[T any](t *testing.T, ch <-chan T, d time.Duration, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(d):
+		t.Fatalf("%s: not within %v", what, d)
+		panic("unreachable")
+	}
+}
+
 // inBubble runs f in a synctest bubble and logs the real time it took.
 func inBubble(t *testing.T, f func(t *testing.T)) {
 	start := time.Now()
@@ -83,7 +96,7 @@ func TestPartitionedHolderLosesLease(t *testing.T) {
 		var lostAt time.Time
 		lostSeen := make(chan struct{})
 		go func() {
-			<-lease.Lost()
+			<-lease.Done() // Lost closes first, if at all
 			lostAt = time.Now()
 			close(lostSeen)
 		}()
@@ -105,7 +118,7 @@ func TestPartitionedHolderLosesLease(t *testing.T) {
 			bDone <- r
 		}()
 
-		<-lostSeen
+		within(t, lostSeen, 2*ttl, "A's lease lost")
 		lostAfter := lostAt.Sub(start)
 		t.Logf("A lost its lease after %v of fake time", lostAfter)
 		assert.Less(t, lostAfter, ttl)
@@ -122,7 +135,7 @@ func TestPartitionedHolderLosesLease(t *testing.T) {
 		assert.ErrorIs(t, lease.Err(), dlock.ErrLeaseLost)
 		assert.NotNil(t, lost.Cause, "lost to failed extensions, not to a takeover")
 
-		r := <-bDone
+		r := within(t, bDone, 2*ttl, "B's Lock")
 		require.NoError(t, r.err)
 		assert.False(t, r.aAlive, "B acquired while A's lease was live")
 		bAfter := r.at.Sub(start)
@@ -182,12 +195,7 @@ func TestJobStopsWhenLeaseLost(t *testing.T) {
 
 		partitioned := time.Now()
 		s.Partition(c)
-		var err error
-		select {
-		case err = <-stopped:
-		case <-time.After(ttl):
-			t.Fatal("the job still runs a TTL after the partition")
-		}
+		err := within(t, stopped, ttl, "the job stopped after the partition")
 		stoppedAfter := time.Since(partitioned)
 		t.Logf("partitioned %v after locking; the job stopped %v after the partition", partitioned.Sub(locked), stoppedAfter)
 		require.ErrorIs(t, err, dlock.ErrLeaseLost)
@@ -229,7 +237,7 @@ func TestPartitionedWaiter(t *testing.T) {
 
 		s.Partition(b)
 		require.NoError(t, ma.Unlock(ctx)) // free, but B cannot reach it: had B reached it, its Lock would succeed
-		err := <-done
+		err := within(t, done, 2*timeout, "B's Lock")
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		assert.Equal(t, timeout, time.Since(start), "B gave up before its ctx ended")
 		assert.Nil(t, mb.Lease())

@@ -35,7 +35,10 @@ func ExampleServer() {
 	}
 
 	srv.Partition(a) // A's extensions fail from now on
-	<-lease.Lost()
+	select {
+	case <-lease.Lost(): // just under a TTL after A's last write
+	case <-ctx.Done():
+	}
 	fmt.Println("A lost:", errors.Is(lease.Err(), dlock.ErrLeaseLost))
 	if err := mb.Lock(ctx); err != nil {
 		fmt.Println(err)
