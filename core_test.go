@@ -674,3 +674,32 @@ func TestExpiryFormulas(t *testing.T) {
 		assert.Equal(t, tc.want, takeoverWait(ttl, tc.elapsed), "takeoverWait(%v, %v)", ttl, tc.elapsed)
 	}
 }
+
+// Issue: an extension interval the lease cannot survive was accepted
+// (TTL 1 s, every 990 ms: lost with no fault). The longest interval
+// accepted leaves room for a retry: at WithExtendInterval at its maximum,
+// a first extension that fails is retried in time, and the lease lives.
+func TestLongestExtendIntervalSurvivesAFailure(t *testing.T) {
+	ttl := time.Second
+	longest := time.Duration(float64(ttl) * MaxExtendInterval)
+	assert.Equal(t, holdFor(ttl)/2, longest, "MaxExtendInterval is half the local deadline")
+	newMem := func(*telemetry) store { return newMemStore() }
+	_, err := newClientOn(newMem, WithTTL(ttl), WithExtendInterval(longest+time.Millisecond))
+	require.ErrorIs(t, err, ErrInvalidOption)
+	c, err := newClientOn(newMem, WithTTL(ttl), WithExtendInterval(longest))
+	require.NoError(t, err)
+	c.Close(context.Background())
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		c, h := memClient(t, st, WithTTL(ttl), WithExtendInterval(longest))
+		m := c.NewMutex("k")
+		require.NoError(t, m.Lock(context.Background()))
+		h.on("extend", func(ctx context.Context, call func() error) error {
+			h.on("extend", nil) // only the first fails
+			return hang(ctx, call) // and hangs: given up after half the time left
+		})
+		time.Sleep(3 * ttl)
+		require.NoError(t, m.Lease().Err(), "lost after one failed extension at the longest interval")
+		assert.GreaterOrEqual(t, h.count("extend"), 6)
+	})
+}

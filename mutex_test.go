@@ -432,6 +432,8 @@ func TestBadInput(t *testing.T) {
 		{"zero TTL", []Option{WithTTL(0)}},
 		{"negative TTL", []Option{WithTTL(-time.Second)}},
 		{"cadence equal to TTL", []Option{WithTTL(time.Second), WithExtendInterval(time.Second)}},
+		{"cadence 99% of the TTL", []Option{WithTTL(time.Second), WithExtendInterval(990 * time.Millisecond)}},
+		{"cadence past half the local deadline", []Option{WithTTL(time.Second), WithExtendInterval(490 * time.Millisecond)}},
 		{"cadence zero", []Option{WithExtendInterval(0)}},
 		{"backoff inverted", []Option{WithBackoff(time.Second, time.Millisecond)}},
 		{"empty owner", []Option{WithOwner("")}},
