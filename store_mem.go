@@ -241,14 +241,14 @@ func init() {
 		if !ok {
 			return nil, nil, fmt.Errorf("%w: not an in-memory server", ErrInvalidOption)
 		}
-		os := make([]Option, len(opts))
+		options := make([]Option, len(opts))
 		for i, o := range opts {
-			if os[i], ok = o.(Option); !ok {
+			if options[i], ok = o.(Option); !ok {
 				return nil, nil, fmt.Errorf("%w: %T is not a dlock.Option", ErrInvalidOption, o)
 			}
 		}
 		link := &memLink{memStore: st}
-		c, err := newClientOn(func(*telemetry) store { return link }, os...)
+		c, err := newClientOn(func(*telemetry) store { return link }, options...)
 		if err != nil {
 			return nil, nil, err
 		}
