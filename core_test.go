@@ -489,6 +489,13 @@ func TestLockNeverReturnsAnEndedLease(t *testing.T) {
 		require.NoError(t, m.Lease().Err(), "Lock returned an ended lease")
 		assert.Equal(t, Token(2), m.Lease().Token(), "the hold renewed by the retry")
 		assert.Equal(t, 2, h.count("acquire"))
+
+		// TryLock makes one attempt: the hold it won too late is lost.
+		require.NoError(t, m.Unlock(context.Background()))
+		first.Store(false)
+		err := c.NewMutex("k").TryLock(context.Background())
+		require.ErrorIs(t, err, ErrLeaseLost)
+		require.ErrorIs(t, err, errLateReply)
 	})
 }
 

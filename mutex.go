@@ -63,7 +63,8 @@ func (m *Mutex) Lease() *Lease {
 // that can free only that write's hold). A ctx that has already ended
 // returns at once, with no command sent. Lock never returns nil with a
 // lease that has already ended: one whose acquire was answered after the
-// lease's local deadline is not returned, and Lock keeps trying.
+// lease's local deadline is not returned, and Lock keeps trying (TryLock
+// returns a [*LeaseLostError] instead).
 //
 // When the Client is closed, or closes while Lock waits, Lock returns
 // [ErrClosed]; a hold it won as Close began is given back first.
@@ -150,10 +151,10 @@ func (m *Mutex) lock(ctx context.Context, name string, try bool) (err error) {
 	return nil
 }
 
-// Errors of one acquire attempt that the caller may retry.
-var (
-	errLateReply = errors.New("dlock: the acquire was answered after the lease's local deadline")
-)
+// errLateReply is the cause of a hold lost before Lock could return it: the
+// acquire was answered after the lease's local deadline. Lock retries; a
+// TryLock returns it in a *LeaseLostError.
+var errLateReply = errors.New("dlock: the acquire was answered after the lease's local deadline")
 
 // acquire takes the key for m, holding this Client's slot for it. It
 // returns the lease, the number of acquire attempts, and an error when ctx
@@ -219,7 +220,7 @@ func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, 
 				// Answered too late to rely on: the hold is ours on the
 				// server, and the next attempt renews it (same hold id).
 				l.end(ErrReleased, "")
-				unsure, err = true, errLateReply
+				unsure, err = true, &LeaseLostError{Key: m.key, Token: r.Token, Cause: errLateReply}
 				break
 			}
 			if polls != nil {
@@ -249,7 +250,7 @@ func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, 
 		}
 		rushed = false
 		switch {
-		case err != nil && (try || ctx.Err() != nil || !(transient(err) || err == errLateReply)):
+		case err != nil && (try || ctx.Err() != nil || !(transient(err) || errors.Is(err, errLateReply))):
 			return giveUp(err)
 		case err != nil:
 			// Retry after the wait. A retried acquire that did apply the
