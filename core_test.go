@@ -702,7 +702,7 @@ func TestLongestExtendIntervalSurvivesAFailure(t *testing.T) {
 		m := c.NewMutex("k")
 		require.NoError(t, m.Lock(context.Background()))
 		h.on("extend", func(ctx context.Context, call func() error) error {
-			h.on("extend", nil) // only the first fails
+			h.on("extend", nil)    // only the first fails
 			return hang(ctx, call) // and hangs: given up after half the time left
 		})
 		time.Sleep(3 * ttl)
