@@ -20,8 +20,8 @@ var (
 	// once the lease can no longer be relied on: its extensions failed until
 	// its local deadline, or the store showed that another owner took the key.
 	ErrLeaseLost = errors.New("dlock: lease lost")
-	// ErrStaleToken is returned by [Fence.Check] and [UpdateFenced] for a
-	// fencing token lower than one already admitted.
+	// ErrStaleToken is returned by [Fence.Check], [UpdateFenced] and
+	// [UpsertFenced] for a fencing token lower than one already admitted.
 	ErrStaleToken = errors.New("dlock: stale fencing token")
 	// ErrClosed is returned by every call on a [Client], or on a [Mutex] made
 	// by it, after [Client.Close].
@@ -54,6 +54,7 @@ type LeaseLostError struct {
 	Cause error
 }
 
+// Error says which hold was lost, and why.
 func (e *LeaseLostError) Error() string {
 	if e.Cause != nil {
 		return fmt.Sprintf("dlock: lease on %q (token %d) lost: %v", e.Key, e.Token, e.Cause)
@@ -74,6 +75,7 @@ type StaleTokenError struct {
 	Highest Token // the highest token admitted so far, when known
 }
 
+// Error names the token turned away and, when known, the highest admitted.
 func (e *StaleTokenError) Error() string {
 	if e.Highest == 0 {
 		return fmt.Sprintf("dlock: stale fencing token %d", e.Token)
