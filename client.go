@@ -35,9 +35,8 @@ type Client struct {
 
 	mu      sync.Mutex
 	slots   map[string]*slot // guarded by mu
-	closed  bool             // guarded by mu; set once, by Close
 	closing chan struct{}    // closed by Close
-	calls   tracker          // guarded by mu: Lock, TryLock and Release calls under way
+	calls   tracker          // guarded by mu: Lock, TryLock and Release calls under way; closed by Close
 	tidying tracker          // guarded by mu: background clean-up writes under way
 
 	tidyCtx    context.Context // parent of the clean-up writes; cancelled by Close
@@ -197,11 +196,10 @@ func containsNUL(s string) bool {
 // TTL later. Closing twice returns [ErrClosed].
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
-	if c.closed {
+	if c.calls.closed {
 		c.mu.Unlock()
 		return ErrClosed
 	}
-	c.closed = true
 	close(c.closing)
 	calls := c.calls.close()
 	c.mu.Unlock()
@@ -410,14 +408,14 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 	}
 	if c.cfg.flaw != flawExtendReleasing && !l.end(ErrReleased, "") { // lost or closed a moment ago
 		c.leave(l.key)
-		return closedIf(l.ended())
+		if err := l.ended(); !errors.Is(err, ErrReleased) {
+			return err
+		}
+		return ErrClosed // only Close ends a lease as released before its Release does
 	}
 	if c.cfg.flaw == flawExtendReleasing { // the old order: ended once the write is answered
 		defer l.end(ErrReleased, "")
 	}
-	// stolen is what to report when the store shows the hold was taken
-	// over before this release: the lease had been lost unseen.
-	stolen := &LeaseLostError{Key: l.key, Token: l.token}
 	if w := c.next(l.key); w != nil {
 		hold := c.holds.Add(1)
 		sent := c.clock.Now()
@@ -432,29 +430,15 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 			c.deliver(l.key, w, next)
 			return nil
 		case errors.Is(err, errNotOwner):
-			err = stolen
+			err = l.takenOver()
 		}
 		c.deliver(l.key, w, nil) // the outcome unknown: the waiter takes over a hold of ours at once
 		return err
 	}
 	err := c.store.release(ctx, l.ref())
 	if errors.Is(err, errNotOwner) {
-		err = stolen
+		err = l.takenOver()
 	}
 	c.leave(l.key)
 	return err
-}
-
-// closedIf turns ErrReleased, which only Close can have ended a lease with
-// by the time its Release looks, into ErrClosed.
-func closedIf(err error) error {
-	if errors.Is(err, ErrReleased) {
-		return ErrClosed
-	}
-	return err
-}
-
-// detached returns a context for a cleanup write after ctx was cancelled.
-func detached(ctx context.Context, ttl time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), min(ttl, cleanupTimeout))
 }

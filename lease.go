@@ -155,9 +155,14 @@ func (l *Lease) expire() {
 	l.end(&LeaseLostError{Key: l.key, Token: l.token, Cause: cause}, causeExpired)
 }
 
+// takenOver is the error of a hold the store showed held by someone else.
+func (l *Lease) takenOver() error {
+	return &LeaseLostError{Key: l.key, Token: l.token}
+}
+
 // steal ends the lease as lost because the store showed another owner.
 func (l *Lease) steal() error {
-	err := &LeaseLostError{Key: l.key, Token: l.token}
+	err := l.takenOver()
 	if !l.end(err, causeStolen) {
 		return l.ended()
 	}

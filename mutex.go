@@ -132,12 +132,17 @@ func (m *Mutex) lock(ctx context.Context, name string, try bool) (err error) {
 	if err != nil {
 		return fmt.Errorf("dlock: lock %q: %w", m.key, err)
 	}
-	if l != nil && errors.Is(l.Err(), ErrReleased) { // handed over as the Client closed
-		l = nil
-		c.leave(m.key)
-		return fmt.Errorf("dlock: lock %q: %w", m.key, ErrClosed)
+	if l != nil {
+		switch err := l.Err(); {
+		case errors.Is(err, ErrReleased): // handed over as the Client closed
+			l = nil
+			c.leave(m.key)
+			return fmt.Errorf("dlock: lock %q: %w", m.key, ErrClosed)
+		case err != nil: // a handoff answered too late to use: acquire afresh
+			l = nil
+		}
 	}
-	if l == nil || l.Err() != nil { // nothing handed over, or a handoff answered too late to use
+	if l == nil {
 		l, attempts, err = c.acquire(ctx, m, try)
 		if err != nil {
 			c.leave(m.key)
@@ -235,7 +240,7 @@ func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, 
 			err = nil // wait for the poll: see the doc comment
 		case (w.rev == 0 && (try || attempts > 1)) || w.takeover(c.clock.Now()) != 0 ||
 			tracing && events < maxHeldEvents && attempts&(attempts-1) == 0:
-			r, err = c.observe(ctx, a, &w)
+			r, err = c.observe(ctx, m.key, &w)
 			if err == nil && (r.free() || w.takeover(c.clock.Now()) != 0) {
 				rushed = true
 				continue // freed meanwhile, a hold of ours no call uses, or due
@@ -283,7 +288,7 @@ func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, 
 	}
 }
 
-// observe reads a's key's record into w. A hold of this Client's that no
+// observe reads key's record into w. A hold of this Client's that no
 // call of it uses (an earlier attempt's, whose Lock gave up before its
 // reply came, or a lease that was lost) may be taken over at once: this
 // call holds the Client's slot for the key, so no other call of it relies
@@ -291,8 +296,8 @@ func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, 
 // is new to w, it also estimates the server's clock (reading it when the
 // last reading is over a TTL old), so that a record written long ago by the
 // server's clock can be taken over without waiting a further TTL.
-func (c *Client) observe(ctx context.Context, a attempt, w *watch) (record, error) {
-	r, err := c.store.read(ctx, a.key)
+func (c *Client) observe(ctx context.Context, key string, w *watch) (record, error) {
+	r, err := c.store.read(ctx, key)
 	if err != nil || r.free() {
 		return r, err
 	}
