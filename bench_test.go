@@ -106,6 +106,40 @@ func BenchmarkLockUnlock(b *testing.B) {
 	}
 }
 
+// BenchmarkLockPruned: Lock+Unlock of a key whose document Prune has just
+// deleted (outside the timer), beside the same on a key that exists: the
+// cost of re-creating a document (the acquire, a read of the floor and the
+// raise: three commands for the Lock instead of one).
+func BenchmarkLockPruned(b *testing.B) {
+	for _, pruned := range []bool{false, true} {
+		b.Run(map[bool]string{false: "key=existing", true: "key=pruned"}[pruned], func(b *testing.B) {
+			c := newClient(b, newColl(b))
+			ctx := context.Background()
+			m := c.NewMutex("k")
+			b.ReportAllocs()
+			var cmds int64
+			for b.Loop() {
+				if pruned {
+					b.StopTimer()
+					if _, err := c.Prune(ctx, 0); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+				}
+				mark := commands.total.Load()
+				if err := m.Lock(ctx); err != nil {
+					b.Fatal(err)
+				}
+				if err := m.Unlock(ctx); err != nil {
+					b.Fatal(err)
+				}
+				cmds += commands.since(mark)
+			}
+			b.ReportMetric(float64(cmds)/float64(b.N), "cmds/op")
+		})
+	}
+}
+
 // BenchmarkTelemetry: the telemetry calls that one Lock+Unlock makes, with
 // the default providers, alone: what a dlock without telemetry would save.
 // Compare with BenchmarkLockUnlock/key=one/server=ack, the Client's own

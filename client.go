@@ -19,10 +19,11 @@ import (
 const cleanupTimeout = time.Second
 
 // A Client hands out distributed locks stored in one MongoDB collection,
-// one document per key. It runs one background goroutine, which extends
-// every lease the Client holds in one bulk write per cadence, and short
-// clean-up writes in the background (each bounded by a second or the TTL);
-// Close stops and waits for all of them. A Client is safe for concurrent
+// one document per key (and one floor document, see [Client.Prune]). It
+// runs one background goroutine, which extends every lease the Client
+// holds in one bulk write per cadence, one more that prunes with
+// [WithPruneIdle], and short clean-up writes in the background (each
+// bounded by a second or the TTL); Close stops and waits for all of them. A Client is safe for concurrent
 // use; make one per process and collection, and Close it.
 type Client struct {
 	store store
@@ -41,6 +42,7 @@ type Client struct {
 
 	tidyCtx    context.Context // parent of the clean-up writes; cancelled by Close
 	tidyCancel context.CancelFunc
+	prunerDone chan struct{} // closed when the pruner (WithPruneIdle) returns; nil without one
 
 	serverClock serverClock
 }
@@ -138,6 +140,10 @@ func newClientOn(newStore func(*telemetry) store, opts ...Option) (*Client, erro
 		c.serverClock.markUnsupported()
 	}
 	c.ext = newExtender(c)
+	if cfg.pruneIdle > 0 {
+		c.prunerDone = make(chan struct{})
+		go c.pruner()
+	}
 	return c, nil
 }
 
@@ -227,6 +233,9 @@ func (c *Client) Close(ctx context.Context) error {
 		<-tidying
 	}
 	c.tidyCancel()
+	if c.prunerDone != nil {
+		<-c.prunerDone // it saw closing; its Prune, if any, was a call waited for above, or cancelled
+	}
 	return err
 }
 

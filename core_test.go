@@ -85,6 +85,30 @@ func (h *hooked) read(ctx context.Context, key string) (r record, err error) {
 	return r, err
 }
 
+func (h *hooked) floor(ctx context.Context) (f Token, err error) {
+	err = h.run(ctx, "floor", func() (err error) { f, err = h.store.floor(ctx); return err })
+	return f, err
+}
+
+func (h *hooked) raise(ctx context.Context, a attempt, floor Token) (r record, err error) {
+	err = h.run(ctx, "raise", func() (err error) { r, err = h.store.raise(ctx, a, floor); return err })
+	return r, err
+}
+
+func (h *hooked) idle(ctx context.Context, cutoff time.Time, limit int) (recs []idleRecord, err error) {
+	err = h.run(ctx, "idle", func() (err error) { recs, err = h.store.idle(ctx, cutoff, limit); return err })
+	return recs, err
+}
+
+func (h *hooked) raiseFloor(ctx context.Context, t Token) error {
+	return h.run(ctx, "raiseFloor", func() error { return h.store.raiseFloor(ctx, t) })
+}
+
+func (h *hooked) remove(ctx context.Context, recs []idleRecord) (n int, err error) {
+	err = h.run(ctx, "remove", func() (err error) { n, err = h.store.remove(ctx, recs); return err })
+	return n, err
+}
+
 func (h *hooked) serverTime(ctx context.Context) (t time.Time, ok bool, err error) {
 	err = h.run(ctx, "serverTime", func() (err error) { t, ok, err = h.store.serverTime(ctx); return err })
 	return t, ok, err

@@ -17,9 +17,30 @@
 // with another's, nor two readings of the server's wall clock, and never
 // reads a client's wall clock at all (only its monotonic clock).
 //
-// Fencing tokens for a key strictly increase for the key's whole life: the
-// document is never deleted, so releases, expiries, takeovers and restarts
-// do not reset the counter. Do not delete lock documents.
+// Fencing tokens for a key strictly increase for the key's whole life:
+// releases, expiries, takeovers and restarts do not reset the counter, and
+// neither does [Client.Prune], which deletes the documents of idle keys
+// only after raising a collection-wide floor above their tokens; the next
+// hold of a pruned key gets a token above the floor. Do not delete lock
+// documents any other way (a TTL index, a script): a key re-created after
+// such a delete hands out tokens from 1 again, which a [Fence] that saw
+// the old ones rejects.
+//
+// # Pruning
+//
+// dlock keeps one document per key, so a collection of per-entity keys
+// (one per order, per tenant) grows. [Client.Prune] deletes the documents
+// of free keys not written for a given time, and [WithPruneIdle] runs it in
+// the background. Before deleting, Prune raises the floor document (one per
+// collection, never deleted) to at least the tokens of the documents it
+// deletes, then deletes each only if it is still free at the revision it
+// read. A Lock that creates a document reads the floor after creating it,
+// and raises its token above the floor before the Lease reaches the
+// caller; so does a Lock that takes over a document whose creator stopped
+// before raising it. Reading the floor after the document exists is what
+// makes this sound: a prune that deleted an earlier document of the key
+// had raised the floor before the delete, so before the create, so before
+// the read. Any number of Clients may prune at once, while others lock.
 //
 // # How expiry works without comparing clocks
 //
@@ -91,12 +112,16 @@
 // Lock answered as Close began gives its hold back, and an Unlock's
 // handoff finishes), ends and frees every lease in one write, and waits
 // for its background clean-up writes. A Client runs one goroutine that
-// extends its leases, plus short clean-up writes (each bounded by a
-// second and by the TTL); none outlives Close.
+// extends its leases, one that prunes if [WithPruneIdle] asks for it, plus
+// short clean-up writes (each bounded by a second and by the TTL); none
+// outlives Close.
 //
 // # Costs
 //
-// An uncontended Lock is one command; Unlock is one; the extensions of all
+// An uncontended Lock of an existing key is one command; the first Lock of
+// a key (or of a pruned key) is three: the acquire that creates the
+// document, a read of the floor, and the write that raises the token above
+// it. Unlock is one; the extensions of all
 // the leases a Client holds are one bulk write per cadence. Goroutines of
 // one Client waiting for the same key queue in the Client and do not poll
 // the server; on Unlock the hold passes to the next of them in one command.
@@ -111,3 +136,135 @@
 // global providers unless [WithTracerProvider] and [WithMeterProvider] say
 // otherwise. The README lists them.
 package dlock
+
+// The lock document: one design for every primitive
+//
+// This comment is for maintainers; it is not part of the package's
+// documentation. It fixes the shape of the documents in a lock collection
+// for all the primitives dlock has and will have (Mutex, RWMutex,
+// Semaphore, Election, lock data, fair queues, pruning), so that each is a
+// thin layer over one lease core and no primitive needs a migration of
+// another's documents. Every write is a plain conditional update of ONE
+// document ($set, $unset, $inc, $max, $setOnInsert, $currentDate; filters
+// of equality, $exists, $lt, $lte and $or): no $expr, no pipeline updates,
+// no positional updates, no arrayFilters, no $pull (FerretDB v1 ignores a
+// conditional $pull silently), no transactions. Nothing relies on a field
+// being absent where MongoDB and FerretDB could disagree: "absent" is
+// tested with {f: null} (absent or null) or {f: {$exists: false}}.
+//
+// A key's document:
+//
+//	_id    string  the key
+//	token  int64   the key's token counter: the greatest token handed out
+//	               in this document's life. Only $inc, $max and a $set
+//	               conditional on its current value write it, so it never
+//	               goes down while the document exists.
+//	rev    int64   +1 on every write that changes a hold (acquire, extend,
+//	               release, handoff, raise, reap): the exclusive hold's
+//	               liveness signal (see "How expiry works" in the package doc)
+//	at     date    $currentDate on every write: informative, except that
+//	               Prune's idle rule compares it with the server's own clock
+//	owner  string  the exclusive holder, "" when there is none
+//	hold   int64   the exclusive hold's id, unique among its owner's holds
+//	ttl    int64   the exclusive hold's TTL, ms
+//	data   binary  the exclusive hold's data (WithData), absent if none
+//	raw    true    set when an acquire created the document ($setOnInsert),
+//	               unset by the write that raises token above the floor;
+//	               absent on every document dlock created before pruning
+//	kind   string  absent: a Mutex or Election key; "rw": an RWMutex key;
+//	               "sem/N": a Semaphore of N permits. Set on creation
+//	               ($setOnInsert) and in every acquire's filter, so a key
+//	               used as two kinds (or two Ns) never matches, and the
+//	               read that follows a failed acquire names the misuse
+//	n      int32   the number of entries in h (absent: 0)
+//	h      {hk: {o: owner, hold, t: token, ttl, d: data, e: epoch}}
+//	               the shared holds (RWMutex readers, Semaphore permits),
+//	               keyed by hold: hk is the owner in base64url, ":" and the
+//	               hold id, so it is unique forever and is a valid field name
+//	wn     int32   the number of entries in w (absent: 0)
+//	w      {wk: {o, hold, q: seq, x: exclusive, ttl, e: epoch}}
+//	               registered waiters (fair queueing), keyed like h
+//
+// and one floor document for the collection, {_id: 0, floor: int64}, whose
+// numeric _id no key (a string) can equal: floor is at least every token
+// any deleted document had.
+//
+// Writers of the exclusive hold (Mutex, RWMutex.Lock, Election) keep the
+// top-level fields dlock has always used, so that a Mutex's uncontended
+// Lock stays one $inc-based findAndModify and documents written before
+// this design are still valid: a document without kind, n, w or raw is a
+// free or exclusively held Mutex key. Shared holds live in h because a
+// sub-document keyed by hold is the one structure that every supported
+// server updates per entry with plain paths ($set h.<hk>, $unset h.<hk>),
+// where an array would need positional updates or $pull.
+//
+// Invariants, each kept by the filter of every write that could break it:
+//
+//  1. Exclusion: owner != "" implies n = 0, and n < limit (1<<31 for
+//     "rw", N for "sem/N"). An exclusive acquire requires owner "" and
+//     n = 0 (or a takeover, below); a shared acquire requires owner "",
+//     n < limit, and (for "rw") wn = 0 (no registered writer: this is
+//     what keeps a stream of readers from starving a writer).
+//  2. Tokens: every token in the document (the exclusive hold's, which is
+//     token itself while held, and each h entry's t) is at most token, and
+//     each hold's token is greater than every token handed out before it
+//     for the key. An exclusive acquire does $inc token. A shared acquire
+//     cannot copy the incremented counter into its entry without a
+//     pipeline update, so it is a compare-and-set: filter token: T (the
+//     counter the Client last saw), $set token: T+1 and h.<hk>.t: T+1. A
+//     stale T fails the filter like a held key; the read that follows
+//     learns the counter and the next attempt uses it.
+//  3. Liveness without clock comparisons: the exclusive hold is watched
+//     through rev, as the package doc describes. A shared hold or a
+//     waiter's registration is watched through its own epoch e, which its
+//     owner's extension increments ($inc h.<hk>.e: the Client's one bulk
+//     write per cadence carries it). A waiter that has seen an entry's e
+//     unchanged for the entry's ttl on its own monotonic clock, counted
+//     from when its read's reply arrived, may remove it (reap) by a write
+//     conditional on h.<hk>.e being that value. That is the same rule, and
+//     the same argument, as the exclusive takeover, applied per entry. A
+//     takeover of the exclusive hold is conditional on rev; an exclusive
+//     acquire of an "rw" key by takeover also requires n = 0, so stale
+//     readers are reaped first.
+//  4. Floor: before any document is deleted, floor is raised to at least
+//     its token. Prune reads candidates (free: owner "", n = 0, wn = 0; and
+//     idle: at at least idle before the server's clock, which compares the
+//     server's clock with itself only), raises floor with $max to their
+//     greatest token (one upsert), then deletes each with a filter on its
+//     rev, so a document written after the scan survives.
+//  5. Raised before use: an acquire that creates a document creates it raw
+//     with token 1 (or T+1 for a shared acquire). Whoever's acquire reply
+//     shows raw (the creator, or anyone who took over a raw document whose
+//     creator paused or crashed) reads floor AFTER that reply, then raises
+//     its own hold: $max token: floor+1 and $unset raw, conditional on its
+//     hold still being there (for a shared hold, a $set of token and its
+//     t, conditional on token; while raw, only an empty document may be
+//     joined, so the raiser is the only holder). Only then does the Lease
+//     reach the caller. A raise that fails leaves the attempt unsure,
+//     handled like an unanswered acquire.
+//
+// Why 4 and 5 keep tokens increasing across a prune: let a document D of
+// key k be deleted at time t_d, with greatest token T. Floor >= T from a
+// time before t_d (the $max was answered before the delete was sent). A
+// later document D' of k is created at t_c > t_d (the key had no document
+// between). Its first holder to use a token reads floor at t_r > t_c, so
+// it reads floor >= T, and raises above it; every later token of D' comes
+// from $inc or $max on the raised counter. Reading floor before creating
+// is unsound (a prune between the read and the create raises floor too
+// late for the reader): the simulation checks that variant is caught. So is
+// deleting without raising floor first. Floor itself is never deleted and
+// only ever raised with $max.
+//
+// Fair queueing (registered waiters) uses the same counter for its order: a
+// waiter that has waited long registers in w with q from the token counter
+// (a compare-and-set as for shared holds), and while wn > 0 a free key may
+// be taken only by the registered waiter with the least q, which a release
+// or handoff can also pass the key to in the same write. Waiters' entries
+// expire by rule 3, so a crashed waiter blocks the others for at most its
+// TTL.
+//
+// Costs this design keeps: an uncontended exclusive Lock or Unlock of an
+// existing key is one command with no fields beyond those above the line
+// "raw"; creating a document costs a floor read and, when floor is not
+// below the new token, a raise (three commands instead of one); a Client's
+// extensions of all its holds of all kinds remain one bulk write.

@@ -203,10 +203,17 @@ func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, 
 		}
 		return nil, attempts, err
 	}
+	var early Token // flawFloorBeforeCreate: the floor as read before the first attempt
+	if c.cfg.flaw == flawFloorBeforeCreate {
+		early, _ = c.store.floor(ctx)
+	}
 	for {
 		attempts++
 		sent := c.clock.Now()
 		r, err := c.store.acquire(ctx, a, w.takeover(sent))
+		if err == nil && r.Raw {
+			r, err = c.raise(ctx, a, early)
+		}
 		switch {
 		case err == nil:
 			if c.cfg.flaw == flawDeadlineFromReply {
@@ -286,6 +293,29 @@ func (c *Client) acquire(ctx context.Context, m *Mutex, try bool) (*Lease, int, 
 			return giveUp(ErrClosed)
 		}
 	}
+}
+
+// raise gives the hold that attempt a just made in a record it found
+// raw (one created by an acquire, its own or one whose creator stopped
+// before raising it) a token above the collection's floor: it reads the
+// floor, after the acquire's reply, so after the record was created, and
+// raises the hold's token above it. doc.go has the argument. When the hold
+// is no longer a's (taken over while this call paused) it reports errHeld;
+// when the outcome is unknown, the hold may be a's, raw, which the next
+// attempt, with the same hold id, finds and raises.
+func (c *Client) raise(ctx context.Context, a attempt, early Token) (record, error) {
+	f, err := c.store.floor(ctx)
+	if err != nil {
+		return record{}, err
+	}
+	if c.cfg.flaw == flawFloorBeforeCreate {
+		f = early
+	}
+	r, err := c.store.raise(ctx, a, f)
+	if errors.Is(err, errNotOwner) {
+		err = errHeld
+	}
+	return r, err
 }
 
 // observe reads key's record into w. A hold of this Client's that no

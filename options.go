@@ -45,7 +45,8 @@ type config struct {
 	maxBackoff  time.Duration
 
 	// Client-wide.
-	serverClock    bool // WithServerClockTakeover
+	serverClock    bool          // WithServerClockTakeover
+	pruneIdle      time.Duration // WithPruneIdle; 0: off
 	owner          string
 	clock          clock
 	tracerProvider trace.TracerProvider
@@ -157,6 +158,25 @@ func WithServerClockTakeover(on bool) Option {
 	return clientOnly("WithServerClockTakeover", func(c *config) { c.serverClock = on })
 }
 
+// WithPruneIdle makes the Client prune in the background: every d (less
+// up to a tenth, at random, so that Clients started together spread out),
+// it calls [Client.Prune] with idle d, until Close, which stops it and
+// waits for it. So each Client scans at most once per d, and a free key is
+// deleted between d and about 2d after its last write. Client only; off
+// (0) by default; d must not be negative. Its errors are recorded on its
+// dlock.Prune spans, and it tries again after d. A MongoDB TTL index is no
+// substitute: it would delete documents without raising the floor, and the
+// tokens of a key re-created after it would start again from 1.
+func WithPruneIdle(d time.Duration) Option {
+	return clientOnly("WithPruneIdle", func(c *config) {
+		if d < 0 {
+			c.fail("prune idle %v is negative", d)
+			return
+		}
+		c.pruneIdle = d
+	})
+}
+
 // withClock sets the clock the lease logic reads; tests use it to skew and
 // drift clients' clocks. Client only.
 func withClock(k clock) Option {
@@ -172,6 +192,8 @@ const (
 	flawWallClockExpiry        // a waiter takes over when its wall clock passes the holder's stamp plus the TTL
 	flawDeadlineFromReply      // the lease deadline counted from the reply, not the send
 	flawExtendReleasing        // the extender extends a lease being released (and Release ends it only once answered)
+	flawFloorBeforeCreate      // Lock reads the floor before its acquire creates the document, not after
+	flawPruneWithoutFloor      // Prune deletes without raising the floor first
 )
 
 // withFlaw makes the Client's logic deliberately unsound; tests only.

@@ -1,10 +1,12 @@
 package dlock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,8 +25,9 @@ import (
 // (the write applied, the reply lost), the server's clock stepped by
 // hours, network partitions of a Client for up to three TTLs, holders
 // paused between their check and their write for longer than the TTL,
-// crashes without release, contexts that end mid-call, and
-// Close at a random moment. A checker watches every acquisition and every
+// crashes without release, contexts that end mid-call, Close at a random
+// moment, and Prune calls (after an Unlock, at random times, and by a
+// janitor Client with a fault-free link) that delete the key's document. A checker watches every acquisition and every
 // check-then-write, and the run ends with a liveness probe; synctest itself
 // fails a run that leaves a goroutine behind.
 
@@ -201,6 +204,42 @@ func (l *simLink) abandon(ctx context.Context, a attempt) error {
 	return err
 }
 
+func (l *simLink) floor(ctx context.Context) (Token, error) {
+	return send(l, ctx, func(ctx context.Context) (Token, error) { return l.st.floor(ctx) })
+}
+
+func (l *simLink) raise(ctx context.Context, a attempt, floor Token) (record, error) {
+	sent := time.Now()
+	return send(l, ctx, func(ctx context.Context) (record, error) {
+		r, err := l.st.raise(ctx, a, floor)
+		if err == nil {
+			l.k.wrote(r.Token, sent)
+		}
+		return r, err
+	})
+}
+
+func (l *simLink) idle(ctx context.Context, cutoff time.Time, limit int) ([]idleRecord, error) {
+	return send(l, ctx, func(ctx context.Context) ([]idleRecord, error) { return l.st.idle(ctx, cutoff, limit) })
+}
+
+func (l *simLink) raiseFloor(ctx context.Context, t Token) error {
+	_, err := send(l, ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, l.st.raiseFloor(ctx, t) })
+	return err
+}
+
+func (l *simLink) remove(ctx context.Context, recs []idleRecord) (int, error) {
+	return send(l, ctx, func(ctx context.Context) (int, error) {
+		n, err := l.st.remove(ctx, recs)
+		if n > 0 {
+			l.k.mu.Lock()
+			l.k.pruned += n
+			l.k.mu.Unlock()
+		}
+		return n, err
+	})
+}
+
 // current is the record of key when owner holds it.
 func (l *simLink) current(key, owner string) record {
 	l.st.mu.Lock()
@@ -237,6 +276,7 @@ type simOp struct {
 	crash   bool          // the process dies here, holding whatever it holds
 	cut     time.Duration // a partition that starts as soon as it holds
 	unlock  time.Duration // the Unlock's ctx: a short one leaves the release in flight
+	prune   bool          // the Client prunes (idle 0) after its Unlock
 }
 
 type simClientPlan struct {
@@ -254,6 +294,14 @@ type simPlan struct {
 	clients []simClientPlan
 	steps   []time.Duration // when the server's wall clock steps
 	stepBy  []time.Duration
+	prunes  []simPrune
+}
+
+// simPrune is a Prune call by one of the Clients.
+type simPrune struct {
+	at     time.Duration
+	client int
+	idle   time.Duration
 }
 
 func drawSimPlan(t *rapid.T, drift float64) simPlan {
@@ -304,6 +352,7 @@ func drawSimPlan(t *rapid.T, drift float64) simPlan {
 			}
 			op.crash = rapid.IntRange(0, 15).Draw(t, "crash") == 0
 			op.unlock = scale("unlockTimeout", 10*time.Millisecond, time.Second, simClientTTL)
+			op.prune = rapid.IntRange(0, 3).Draw(t, "pruneAfterUnlock") == 0
 			if rapid.IntRange(0, 3).Draw(t, "cutWhileHolding") == 0 {
 				op.cut = scale("cutFor", simClientTTL/2, simClientTTL, 3*simClientTTL)
 			}
@@ -317,6 +366,13 @@ func drawSimPlan(t *rapid.T, drift float64) simPlan {
 			c.closeAt = dur("closeAt", 0, simHorizon)
 		}
 		p.clients = append(p.clients, c)
+	}
+	for range rapid.IntRange(0, 12).Draw(t, "prunes") {
+		p.prunes = append(p.prunes, simPrune{
+			at:     dur("pruneAt", 0, simHorizon),
+			client: rapid.IntRange(-1, n-1).Draw(t, "pruner"), // -1: a janitor Client with a fault-free link
+			idle:   scale("pruneIdle", 0, time.Second, simClientTTL),
+		})
 	}
 	for range rapid.IntRange(0, 3).Draw(t, "serverSteps") {
 		p.steps = append(p.steps, dur("stepAt", 0, simHorizon))
@@ -335,6 +391,7 @@ type simChecker struct {
 	failure   string
 	acquired  int
 	writes    int
+	pruned    int
 }
 
 type simHold struct {
@@ -422,8 +479,8 @@ func (k *simChecker) acquire(client int, l *Lease) {
 // the first violation, or "".
 // simStats is what a run did.
 type simStats struct {
-	holds, writes int
-	simulated     time.Duration
+	holds, writes, pruned int
+	simulated             time.Duration
 }
 
 func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failure string, stats simStats) {
@@ -448,6 +505,7 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 		var wg, network sync.WaitGroup
 		defer network.Wait() // the requests still in flight land, or are lost
 		var closers []func()
+		var clients []*Client
 		for id, cp := range plan.clients {
 			link := &simLink{st: st, faults: cp.faults, k: k, net: &network, name: fmt.Sprint("client-", id), cuts: cp.cuts, t0: start}
 			if storeFlaw != nil {
@@ -459,6 +517,7 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 				k.fail("%v", err)
 				return
 			}
+			clients = append(clients, c)
 			mutexes := make([]*Mutex, cp.mutexes)
 			for i := range mutexes {
 				mutexes[i] = c.NewMutex("k")
@@ -510,6 +569,8 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 						case err == nil:
 						case errors.Is(err, context.DeadlineExceeded), errors.Is(err, ErrLocked), errors.Is(err, ErrClosed):
 							continue
+						case op.try && errors.Is(err, ErrLeaseLost): // answered (acquire, floor, raise) past the lease's deadline
+							continue
 						default:
 							k.mu.Lock()
 							k.fail("client %d: Lock: unexpected error %v", id, err)
@@ -538,10 +599,51 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 						k.unlocking(l.Token())
 						m.Unlock(uctx)
 						ucancel()
+						if op.prune {
+							pctx, pcancel := context.WithTimeout(context.Background(), simClientTTL)
+							if _, err := c.Prune(pctx, 0); err != nil && !errors.Is(err, ErrClosed) && !errors.Is(err, errUnreachable) && !errors.Is(err, context.DeadlineExceeded) {
+								k.mu.Lock()
+								k.fail("client %d: Prune: unexpected error %v", id, err)
+								k.mu.Unlock()
+							}
+							pcancel()
+						}
 					}
 				}()
 			}
 		}
+		// Prunes, each by a Client (through its link, with its faults) or
+		// by a janitor Client that only prunes: one goroutine calls them in
+		// turn.
+		janitor, err := newClientOn(func(*telemetry) store {
+			return &simLink{st: st, k: k, net: &network, name: "janitor", t0: start}
+		}, WithTTL(simClientTTL))
+		if err != nil {
+			k.fail("%v", err)
+			return
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer janitor.Close(context.Background())
+			var done time.Duration
+			for _, p := range slices.SortedFunc(slices.Values(plan.prunes), func(a, b simPrune) int { return cmp.Compare(a.at, b.at) }) {
+				time.Sleep(p.at - done)
+				done = p.at
+				ctx, cancel := context.WithTimeout(context.Background(), simClientTTL)
+				c := janitor
+				if p.client >= 0 {
+					c = clients[p.client]
+				}
+				_, err := c.Prune(ctx, p.idle)
+				cancel()
+				if err != nil && !errors.Is(err, ErrClosed) && !errors.Is(err, errUnreachable) && !errors.Is(err, context.DeadlineExceeded) {
+					k.mu.Lock()
+					k.fail("client %d: Prune: unexpected error %v", p.client, err)
+					k.mu.Unlock()
+				}
+			}
+		}()
 		// A watcher: at most one valid lease at any moment it looks.
 		watchDone := make(chan struct{})
 		go func() {
@@ -595,7 +697,7 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 		}
 		k.mu.Lock()
 		failure = k.failure
-		stats = simStats{k.acquired, k.writes, time.Since(start)}
+		stats = simStats{k.acquired, k.writes, k.pruned, time.Since(start)}
 		k.mu.Unlock()
 	})
 	return failure, stats
@@ -605,17 +707,17 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 // fault above, with clocks within MaxClockDrift. More runs:
 // go test -run TestSimulation -rapid.checks=2000 .
 func TestSimulation(t *testing.T) {
-	start, runs, holds, writes := time.Now(), 0, 0, 0
+	start, runs, holds, writes, pruned := time.Now(), 0, 0, 0, 0
 	var simulated time.Duration
 	rapid.Check(t, func(rt *rapid.T) {
 		runs++
 		failure, stats := runSim(t, drawSimPlan(rt, MaxClockDrift), noFlaw, nil)
-		holds, writes, simulated = holds+stats.holds, writes+stats.writes, simulated+stats.simulated
+		holds, writes, pruned, simulated = holds+stats.holds, writes+stats.writes, pruned+stats.pruned, simulated+stats.simulated
 		if failure != "" {
 			rt.Fatal(failure)
 		}
 	})
-	t.Logf("%d runs in %v: %d holds, %d checked writes, %v simulated", runs, time.Since(start).Round(time.Millisecond), holds, writes, simulated.Round(time.Second))
+	t.Logf("%d runs in %v: %d holds, %d checked writes, %d documents pruned, %v simulated", runs, time.Since(start).Round(time.Millisecond), holds, writes, pruned, simulated.Round(time.Second))
 }
 
 // The simulation catches flawed variants of the real code, and clocks
@@ -625,7 +727,9 @@ func TestSimulation(t *testing.T) {
 // clean-up not conditional on the hold id, the bug of the review) 1-176,
 // the deadline counted from the reply 2-15, clocks at ten times the drift
 // bound 1-22, a release not conditional on the token 91-3456 (it needs a
-// late release to overtake the same Client's next hold). Under -race a run
+// late release to overtake the same Client's next hold), a prune that
+// deletes without raising the floor 1-11, a Lock that reads the floor
+// before it creates the document 8-285 (12 sessions). Under -race a run
 // takes about 10 ms.
 func TestSimulationCatchesFlaws(t *testing.T) {
 	for _, tc := range []struct {
@@ -641,6 +745,8 @@ func TestSimulationCatchesFlaws(t *testing.T) {
 		{"deadline counted from the reply", flawDeadlineFromReply, nil, MaxClockDrift, 3000},
 		{"release not conditional on the token", noFlaw, func(l *simLink) { l.releaseAnyToken = true }, MaxClockDrift, 10000},
 		{"clocks drifting at ten times the bound", noFlaw, nil, 10 * MaxClockDrift, 3000},
+		{"prune deletes without raising the floor", flawPruneWithoutFloor, nil, MaxClockDrift, 3000},
+		{"lock reads the floor before creating the document", flawFloorBeforeCreate, nil, MaxClockDrift, 3000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			runs, found := 0, ""

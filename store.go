@@ -7,8 +7,9 @@ import (
 )
 
 // record is the state of one key as the store keeps it. The document for a
-// key is created on first use and never deleted, so Token and Rev never go
-// back.
+// key is created on first use and deleted only by Prune, after the floor
+// was raised to its token (see the design in doc.go), so the tokens handed
+// out for a key never go back.
 type record struct {
 	Owner string        // identity of the holder; "" when free
 	Token Token         // fencing token of the current or last hold
@@ -16,9 +17,17 @@ type record struct {
 	TTL   time.Duration // the holder's lease duration
 	At    time.Time     // the server's clock at the last write
 	Hold  int64         // names the acquisition (or handoff) that made the hold, unique per owner
+	Raw   bool          // created by an acquire, and Token not yet raised above the floor
 }
 
 func (r record) free() bool { return r.Owner == "" }
+
+// idleRecord is a record that Prune may delete.
+type idleRecord struct {
+	key   string
+	token Token
+	rev   int64
+}
 
 // leaseRef identifies one hold in the store.
 type leaseRef struct {
@@ -74,6 +83,22 @@ type store interface {
 	// used after an acquire whose outcome is unknown. It cannot touch a
 	// later hold, even of the same owner.
 	abandon(ctx context.Context, a attempt) error
+	// floor returns the collection's floor: at least the token of every
+	// record ever deleted (0 when none was).
+	floor(ctx context.Context) (Token, error)
+	// raise gives attempt a's hold a token above floor (it keeps its token
+	// when that is above already) and marks its record raised; errNotOwner
+	// when a no longer holds the key.
+	raise(ctx context.Context, a attempt, floor Token) (record, error)
+	// idle returns up to limit records that are free and were last written
+	// no later than cutoff by the server's clock.
+	idle(ctx context.Context, cutoff time.Time, limit int) ([]idleRecord, error)
+	// raiseFloor raises the floor to at least t.
+	raiseFloor(ctx context.Context, t Token) error
+	// remove deletes each of recs that is still free at the same revision,
+	// in one write command (or a few, as extend), and returns how many it
+	// deleted.
+	remove(ctx context.Context, recs []idleRecord) (int, error)
 	// read returns the record for key (the zero record when absent).
 	read(ctx context.Context, key string) (record, error)
 	// serverTime returns the server's clock, or ok=false when the server

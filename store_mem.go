@@ -22,8 +22,9 @@ type memStore struct {
 	now      func() time.Time // the server's clock
 	commands atomic.Int64     // calls made, as commands would be counted
 
-	mu      sync.Mutex
-	records map[string]record // guarded by mu
+	mu       sync.Mutex
+	records  map[string]record // guarded by mu
+	floorTok Token             // guarded by mu: the floor (see doc.go)
 }
 
 func newMemStore() *memStore {
@@ -57,7 +58,78 @@ func (s *memStore) acquire(ctx context.Context, a attempt, takeover int64) (reco
 	}
 	r.Owner, r.Hold, r.TTL = a.owner, a.hold, a.ttl
 	r.Token++
+	if !exists {
+		r.Raw = true
+	}
 	return s.write(a.key, r), nil
+}
+
+func (s *memStore) floor(ctx context.Context) (Token, error) {
+	if err := s.begin(ctx); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.floorTok, nil
+}
+
+func (s *memStore) raise(ctx context.Context, a attempt, floor Token) (record, error) {
+	if err := s.begin(ctx); err != nil {
+		return record{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.records[a.key]
+	if !ok || r.Owner != a.owner || r.Hold != a.hold {
+		return record{}, errNotOwner
+	}
+	r.Token = max(r.Token, floor+1)
+	r.Raw = false
+	return s.write(a.key, r), nil
+}
+
+func (s *memStore) idle(ctx context.Context, cutoff time.Time, limit int) ([]idleRecord, error) {
+	if err := s.begin(ctx); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var recs []idleRecord
+	for key, r := range s.records {
+		if len(recs) == limit {
+			break
+		}
+		if r.free() && !r.At.After(cutoff) {
+			recs = append(recs, idleRecord{key: key, token: r.Token, rev: r.Rev})
+		}
+	}
+	return recs, nil
+}
+
+func (s *memStore) raiseFloor(ctx context.Context, t Token) error {
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.floorTok = max(s.floorTok, t)
+	return nil
+}
+
+func (s *memStore) remove(ctx context.Context, recs []idleRecord) (int, error) {
+	if err := s.begin(ctx); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, d := range recs {
+		if r, ok := s.records[d.key]; ok && r.free() && r.Rev == d.rev {
+			delete(s.records, d.key)
+			n++
+		}
+	}
+	return n, nil
 }
 
 func (s *memStore) holds(ref leaseRef) (record, bool) {
@@ -218,6 +290,41 @@ func (l *memLink) abandon(ctx context.Context, a attempt) error {
 		return err
 	}
 	return l.memStore.abandon(ctx, a)
+}
+
+func (l *memLink) floor(ctx context.Context) (Token, error) {
+	if err := l.check(ctx); err != nil {
+		return 0, err
+	}
+	return l.memStore.floor(ctx)
+}
+
+func (l *memLink) raise(ctx context.Context, a attempt, floor Token) (record, error) {
+	if err := l.check(ctx); err != nil {
+		return record{}, err
+	}
+	return l.memStore.raise(ctx, a, floor)
+}
+
+func (l *memLink) idle(ctx context.Context, cutoff time.Time, limit int) ([]idleRecord, error) {
+	if err := l.check(ctx); err != nil {
+		return nil, err
+	}
+	return l.memStore.idle(ctx, cutoff, limit)
+}
+
+func (l *memLink) raiseFloor(ctx context.Context, t Token) error {
+	if err := l.check(ctx); err != nil {
+		return err
+	}
+	return l.memStore.raiseFloor(ctx, t)
+}
+
+func (l *memLink) remove(ctx context.Context, recs []idleRecord) (int, error) {
+	if err := l.check(ctx); err != nil {
+		return 0, err
+	}
+	return l.memStore.remove(ctx, recs)
 }
 
 func (l *memLink) read(ctx context.Context, key string) (record, error) {

@@ -15,7 +15,9 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 )
 
-// Field names of a lock document: {_id: key, owner, token, rev, ttl, at, hold}.
+// Field names of a lock document: {_id: key, owner, token, rev, ttl, at,
+// hold, raw}, and of the floor document {_id: 0, floor}. doc.go has the
+// design.
 const (
 	fOwner = "owner"
 	fToken = "token"
@@ -23,7 +25,13 @@ const (
 	fTTL   = "ttl" // milliseconds
 	fAt    = "at"
 	fHold  = "hold"
+	fRaw   = "raw"
+	fFloor = "floor"
 )
+
+// floorID is the _id of the floor document: a number, which no key (a
+// string) can equal.
+const floorID = int32(0)
 
 // lockDoc is the stored form of a record.
 type lockDoc struct {
@@ -33,10 +41,11 @@ type lockDoc struct {
 	TTL   int64     `bson:"ttl"`
 	At    time.Time `bson:"at"`
 	Hold  int64     `bson:"hold"`
+	Raw   bool      `bson:"raw"`
 }
 
 func (d lockDoc) record() record {
-	return record{Owner: d.Owner, Token: Token(d.Token), Rev: d.Rev, TTL: time.Duration(d.TTL) * time.Millisecond, At: d.At, Hold: d.Hold}
+	return record{Owner: d.Owner, Token: Token(d.Token), Rev: d.Rev, TTL: time.Duration(d.TTL) * time.Millisecond, At: d.At, Hold: d.Hold, Raw: d.Raw}
 }
 
 // mongoStore keeps one document per key in a collection. It relies only on
@@ -105,9 +114,10 @@ func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover int64) (re
 		or = append(or, bson.D{{Key: fRev, Value: takeover}})
 	}
 	filter := bson.D{{Key: "_id", Value: a.key}, {Key: "$or", Value: or}}
+	update := append(newHold(a.owner, a.hold, a.ttl), bson.E{Key: "$setOnInsert", Value: bson.D{{Key: fRaw, Value: true}}})
 	s.counted(ctx, 1)
 	var d lockDoc
-	err := s.coll.FindOneAndUpdate(ctx, filter, newHold(a.owner, a.hold, a.ttl), upsertAfter).Decode(&d)
+	err := s.coll.FindOneAndUpdate(ctx, filter, update, upsertAfter).Decode(&d)
 	switch {
 	case err == nil:
 		return d.record(), nil
@@ -156,7 +166,7 @@ func (s *mongoStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error
 	for i, ref := range refs {
 		models[i] = mongo.NewUpdateOneModel().SetFilter(held(ref)).SetUpdate(touch)
 	}
-	matched, err := s.bulkUpdate(ctx, models)
+	matched, err := s.bulkWrite(ctx, models)
 	if err != nil {
 		return nil, fmt.Errorf("dlock: extend %d leases: %w", len(refs), err)
 	}
@@ -220,15 +230,16 @@ func (s *mongoStore) releaseAll(ctx context.Context, refs []leaseRef) error {
 	for i, ref := range refs {
 		models[i] = mongo.NewUpdateOneModel().SetFilter(held(ref)).SetUpdate(free)
 	}
-	if _, err := s.bulkUpdate(ctx, models); err != nil {
+	if _, err := s.bulkWrite(ctx, models); err != nil {
 		return fmt.Errorf("dlock: release %d leases: %w", len(refs), err)
 	}
 	return nil
 }
 
-// bulkUpdate applies independent updates in one command, or in as few as
-// the server handles well, and returns how many documents matched.
-func (s *mongoStore) bulkUpdate(ctx context.Context, models []mongo.WriteModel) (matched int64, err error) {
+// bulkWrite applies independent updates (or deletes) in one command, or
+// in as few as the server handles well, and returns how many documents
+// matched (or were deleted).
+func (s *mongoStore) bulkWrite(ctx context.Context, models []mongo.WriteModel) (matched int64, err error) {
 	limit := len(models)
 	if limit > ferretBatch {
 		if limit, err = s.batchLimit(ctx, limit); err != nil {
@@ -243,7 +254,7 @@ func (s *mongoStore) bulkUpdate(ctx context.Context, models []mongo.WriteModel) 
 		if err != nil {
 			return matched, err
 		}
-		matched += res.MatchedCount
+		matched += res.MatchedCount + res.DeletedCount
 		models = models[n:]
 	}
 	return matched, nil
@@ -291,6 +302,97 @@ func (s *mongoStore) abandon(ctx context.Context, a attempt) error {
 		return fmt.Errorf("dlock: abandon %q: %w", a.key, err)
 	}
 	return nil
+}
+
+func (s *mongoStore) floor(ctx context.Context) (Token, error) {
+	s.counted(ctx, 1)
+	var d struct {
+		Floor int64 `bson:"floor"`
+	}
+	err := s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: floorID}}).Decode(&d)
+	switch {
+	case err == nil:
+		return Token(d.Floor), nil
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return 0, nil
+	default:
+		return 0, fmt.Errorf("dlock: read the floor: %w", err)
+	}
+}
+
+func (s *mongoStore) raise(ctx context.Context, a attempt, floor Token) (record, error) {
+	filter := bson.D{{Key: "_id", Value: a.key}, {Key: fOwner, Value: a.owner}, {Key: fHold, Value: a.hold}}
+	update := bson.D{
+		{Key: "$max", Value: bson.D{{Key: fToken, Value: int64(floor) + 1}}},
+		{Key: "$unset", Value: bson.D{{Key: fRaw, Value: ""}}},
+		{Key: "$inc", Value: bson.D{{Key: fRev, Value: int64(1)}}},
+		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
+	}
+	s.counted(ctx, 1)
+	var d lockDoc
+	err := s.coll.FindOneAndUpdate(ctx, filter, update, returnAfter).Decode(&d)
+	switch {
+	case err == nil:
+		return d.record(), nil
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return record{}, errNotOwner
+	default:
+		return record{}, fmt.Errorf("dlock: raise %q above the floor: %w", a.key, err)
+	}
+}
+
+func (s *mongoStore) idle(ctx context.Context, cutoff time.Time, limit int) ([]idleRecord, error) {
+	s.counted(ctx, 1)
+	cur, err := s.coll.Find(ctx, bson.D{{Key: fOwner, Value: ""}, {Key: fAt, Value: bson.D{{Key: "$lte", Value: cutoff}}}},
+		options.Find().SetProjection(bson.D{{Key: fToken, Value: 1}, {Key: fRev, Value: 1}}).SetLimit(int64(limit)))
+	if err != nil {
+		return nil, fmt.Errorf("dlock: find idle keys: %w", err)
+	}
+	var docs []struct {
+		ID    string `bson:"_id"`
+		Token int64  `bson:"token"`
+		Rev   int64  `bson:"rev"`
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, fmt.Errorf("dlock: find idle keys: %w", err)
+	}
+	recs := make([]idleRecord, len(docs))
+	for i, d := range docs {
+		recs[i] = idleRecord{key: d.ID, token: Token(d.Token), rev: d.Rev}
+	}
+	return recs, nil
+}
+
+func (s *mongoStore) raiseFloor(ctx context.Context, t Token) error {
+	filter := bson.D{{Key: "_id", Value: floorID}}
+	update := bson.D{{Key: "$max", Value: bson.D{{Key: fFloor, Value: int64(t)}}}}
+	for try := 0; ; try++ {
+		s.counted(ctx, 1)
+		_, err := s.coll.UpdateOne(ctx, filter, update, options.UpdateOne().SetUpsert(true))
+		switch {
+		case err == nil:
+			return nil
+		case duplicateKey(err) && try == 0:
+			// Two first raises raced to insert the floor: it exists now.
+		default:
+			return fmt.Errorf("dlock: raise the floor: %w", err)
+		}
+	}
+}
+
+func (s *mongoStore) remove(ctx context.Context, recs []idleRecord) (int, error) {
+	if len(recs) == 0 {
+		return 0, nil
+	}
+	models := make([]mongo.WriteModel, len(recs))
+	for i, d := range recs {
+		models[i] = mongo.NewDeleteOneModel().SetFilter(bson.D{{Key: "_id", Value: d.key}, {Key: fOwner, Value: ""}, {Key: fRev, Value: d.rev}})
+	}
+	n, err := s.bulkWrite(ctx, models)
+	if err != nil {
+		return int(n), fmt.Errorf("dlock: delete %d idle keys: %w", len(recs), err)
+	}
+	return int(n), nil
 }
 
 func (s *mongoStore) read(ctx context.Context, key string) (record, error) {

@@ -28,6 +28,9 @@ const (
 	attrOutcome  = attribute.Key("dlock.outcome")
 	attrCause    = attribute.Key("dlock.lost.cause")
 
+	attrIdle    = attribute.Key("dlock.prune.idle")
+	attrDeleted = attribute.Key("dlock.prune.deleted")
+
 	attrHolderOwner = attribute.Key("dlock.holder.owner")
 	attrHolderToken = attribute.Key("dlock.holder.token")
 )
@@ -197,6 +200,23 @@ func (t *telemetry) releaseSpan(ctx context.Context, l *Lease) (context.Context,
 		span.SetAttributes(attrKey.String(l.key), attrOwner.String(l.c.owner), attrToken.Int64(int64(l.token)))
 	}
 	return ctx, span
+}
+
+// pruneSpan starts the span of one Prune call.
+func (t *telemetry) pruneSpan(ctx context.Context, idle time.Duration) (context.Context, trace.Span) {
+	ctx, span := t.tracer.Start(ctx, "dlock.Prune", trace.WithSpanKind(trace.SpanKindClient))
+	if span.IsRecording() {
+		span.SetAttributes(attrIdle.Float64(idle.Seconds()))
+	}
+	return ctx, span
+}
+
+// endPrune records the end of a Prune call: how many documents it deleted.
+func (t *telemetry) endPrune(span trace.Span, deleted int, err error) {
+	if span.IsRecording() {
+		span.SetAttributes(attrDeleted.Int(deleted))
+	}
+	endSpan(span, err)
 }
 
 func endSpan(span trace.Span, err error) {

@@ -1,0 +1,226 @@
+package dlock
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Issue 17: Prune deletes free, idle keys, never a held one, and a pruned
+// key's next token is above every token it had (a Fence that saw the old
+// ones admits it).
+func TestPrune(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, sp space) {
+		ctx := context.Background()
+		c := sp.client(t)
+		var last = map[string]Token{}
+		for range 3 { // tokens 1..3 on each key
+			for _, key := range []string{"a", "b", "c"} {
+				m := c.NewMutex(key)
+				require.NoError(t, m.Lock(ctx))
+				last[key] = m.Lease().Token()
+				require.NoError(t, m.Unlock(ctx))
+			}
+		}
+		held := c.NewMutex("b")
+		require.NoError(t, held.Lock(ctx))
+
+		n, err := c.Prune(ctx, time.Hour)
+		require.NoError(t, err)
+		assert.Zero(t, n, "nothing has been idle for an hour")
+
+		n, err = c.Prune(ctx, 0)
+		require.NoError(t, err)
+		assert.Equal(t, 2, n, "a and c are free; b is held")
+		assert.Equal(t, held.Lease().Token(), sp.read(t, "b").Token, "b's document is still there")
+		n, err = c.Prune(ctx, 0)
+		require.NoError(t, err)
+		assert.Zero(t, n, "a and c are gone, b is held")
+
+		var fence Fence
+		require.NoError(t, fence.Check(last["c"]))
+		for _, key := range []string{"a", "c"} {
+			m := c.NewMutex(key)
+			require.NoError(t, m.Lock(ctx))
+			assert.Greater(t, m.Lease().Token(), last["c"], "%s after the prune: above every token of the collection's pruned keys", key)
+			assert.NoError(t, fence.Check(m.Lease().Token()), "a fence that saw the old tokens admits the new one")
+			assert.False(t, sp.read(t, key).Raw, "raised before Lock returned")
+			require.NoError(t, m.Unlock(ctx))
+		}
+
+		_, err = c.Prune(ctx, -time.Second)
+		assert.ErrorIs(t, err, ErrInvalidOption)
+	})
+}
+
+// Issue 17: pruners and lockers at once, on the real server. Per key, the
+// tokens handed out strictly increase across every prune, and no two
+// holders overlap.
+func TestPruneWhileLocking(t *testing.T) {
+	coll := newColl(t)
+	ctx := context.Background()
+	const (
+		lockers = 4
+		pruners = 2
+		cycles  = 40
+	)
+	keys := []string{"x", "y", "z"}
+	var (
+		mu      sync.Mutex
+		last    = map[string]Token{}
+		inUse   = map[string]*atomic.Int32{}
+		failure string
+	)
+	for _, k := range keys {
+		inUse[k] = new(atomic.Int32)
+	}
+	fail := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		if failure == "" {
+			failure = fmt.Sprintf(format, args...)
+		}
+	}
+	var lockWG, pruneWG sync.WaitGroup
+	stop := make(chan struct{})
+	var pruned atomic.Int64
+	for range pruners {
+		c := newClient(t, coll)
+		pruneWG.Add(1)
+		go func() {
+			defer pruneWG.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				n, err := c.Prune(ctx, 0)
+				if err != nil {
+					fail("Prune: %v", err)
+					return
+				}
+				pruned.Add(int64(n))
+			}
+		}()
+	}
+	for i := range lockers {
+		c := newClient(t, coll, WithBackoff(time.Millisecond, 10*time.Millisecond))
+		r := rand.New(rand.NewPCG(uint64(i), 17))
+		lockWG.Add(1)
+		go func() {
+			defer lockWG.Done()
+			for range cycles {
+				key := keys[r.IntN(len(keys))]
+				m := c.NewMutex(key)
+				if err := m.Lock(ctx); err != nil {
+					fail("Lock: %v", err)
+					return
+				}
+				if inUse[key].Add(1) != 1 {
+					fail("two holders of %s", key)
+				}
+				tok := m.Lease().Token()
+				mu.Lock()
+				if tok <= last[key] {
+					if failure == "" {
+						failure = fmt.Sprintf("%s: token %d after token %d", key, tok, last[key])
+					}
+				}
+				last[key] = max(last[key], tok)
+				mu.Unlock()
+				inUse[key].Add(-1)
+				if err := m.Unlock(ctx); err != nil {
+					fail("Unlock: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	lockWG.Wait()
+	close(stop)
+	pruneWG.Wait()
+	require.Empty(t, failure)
+	t.Logf("%d acquisitions, %d documents pruned meanwhile; last tokens %v", lockers*cycles, pruned.Load(), last)
+	assert.Positive(t, pruned.Load(), "the pruners deleted documents while the lockers ran (else this shows nothing)")
+}
+
+// Issue 17: WithPruneIdle prunes in the background, at most once a period,
+// and Close stops it (synctest fails the test if its goroutine outlives the
+// bubble).
+func TestPruneInBackground(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		ctx := context.Background()
+		c, h := memClient(t, st, WithPruneIdle(time.Minute))
+		m := c.NewMutex("k")
+		require.NoError(t, m.Lock(ctx))
+		require.NoError(t, m.Unlock(ctx))
+
+		time.Sleep(90 * time.Second) // one scan (at 54 to 60 s): k was written less than a minute before
+		synctest.Wait()
+		assert.Equal(t, 1, h.count("idle"), "scans in the first period")
+		assert.NotZero(t, holder(st, "k").Rev, "k not idle for a minute yet")
+
+		time.Sleep(60 * time.Second) // the second scan prunes k
+		synctest.Wait()
+		assert.Equal(t, 2, h.count("idle"), "one scan a period")
+		assert.Zero(t, holder(st, "k").Rev, "k pruned")
+		require.NoError(t, c.Close(ctx))
+	})
+
+	_, err := newClientOn(func(*telemetry) store { return newMemStore() }, WithPruneIdle(-time.Second))
+	assert.ErrorIs(t, err, ErrInvalidOption)
+	_, err = newClientOn(func(*telemetry) store { return newMemStore() }, WithTTL(time.Second), WithPruneIdle(time.Second))
+	assert.NoError(t, err)
+	m := (&Client{cfg: defaultConfig()}).NewMutex("k", WithPruneIdle(time.Minute))
+	assert.ErrorIs(t, m.err, ErrInvalidOption, "WithPruneIdle applies to a Client")
+}
+
+// A creator that stops between its acquire and its raise leaves a raw
+// document; whoever takes it over raises the token itself, and the
+// creator's late raise cannot touch the new hold.
+func TestRawDocumentTakenOver(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		ctx := context.Background()
+		st.floorTok = 41 // as if keys with tokens up to 41 had been pruned
+
+		c1, h1 := memClient(t, st, WithTTL(time.Second))
+		stuck := make(chan struct{})
+		h1.on("floor", func(ctx context.Context, call func() error) error {
+			<-stuck // the creator pauses after creating the document
+			return call()
+		})
+		m1 := c1.NewMutex("k")
+		got1 := make(chan error, 1)
+		go func() { got1 <- m1.Lock(ctx) }()
+		synctest.Wait()
+		require.True(t, holder(st, "k").Raw, "created, not raised")
+
+		c2, _ := memClient(t, st, WithTTL(time.Second))
+		m2 := c2.NewMutex("k")
+		require.NoError(t, m2.Lock(ctx), "taken over after a TTL")
+		assert.Greater(t, m2.Lease().Token(), Token(41), "the taker raised the token above the floor")
+		assert.False(t, holder(st, "k").Raw)
+
+		close(stuck) // the creator wakes: its raise finds the hold gone, and it waits
+		synctest.Wait()
+		t2 := m2.Lease().Token()
+		assert.Equal(t, t2, holder(st, "k").Token, "the creator's raise did not touch the new hold")
+		require.NoError(t, m2.Unlock(ctx))
+		require.NoError(t, <-got1)
+		assert.Greater(t, m1.Lease().Token(), t2)
+		require.NoError(t, m1.Unlock(ctx))
+	})
+}
+
+
