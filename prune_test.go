@@ -222,5 +222,3 @@ func TestRawDocumentTakenOver(t *testing.T) {
 		require.NoError(t, m1.Unlock(ctx))
 	})
 }
-
-
