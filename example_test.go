@@ -244,3 +244,45 @@ func ExampleUpdateFenced() {
 	// <nil>
 	// dlock: stale fencing token 5 (highest admitted 8)
 }
+
+// Per-entity keys pile up; Prune deletes the idle ones without letting a
+// key's tokens go back.
+func ExampleClient_Prune() {
+	ctx := context.Background()
+	coll, disconnect := exampleCollection("prune")
+	defer disconnect()
+	client, err := dlock.NewClient(coll) // or dlock.WithPruneIdle(24*time.Hour), to prune in the background
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close(ctx)
+
+	order := client.NewMutex("order-1017")
+	for range 3 {
+		if err := order.Lock(ctx); err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println("token", order.Lease().Token())
+		if err := order.Unlock(ctx); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	n, err := client.Prune(ctx, 0) // in production: keys idle for a day, say
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("pruned", n)
+
+	if err := order.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("token after the prune", order.Lease().Token())
+	order.Unlock(ctx)
+	// Output:
+	// token 1
+	// token 2
+	// token 3
+	// pruned 1
+	// token after the prune 4
+}
