@@ -95,7 +95,7 @@ type slot struct {
 // left (its ctx ended) after it was taken off the queue but before the
 // slot reached it; whoever brings the slot then passes it on instead.
 type waiter struct {
-	m    *Mutex
+	cl   claim
 	ch   chan *Lease
 	gone bool
 }
@@ -290,15 +290,16 @@ func (c *Client) tidy(timeout time.Duration, write func(ctx context.Context)) {
 	}()
 }
 
-// enter takes this Client's slot for the Mutex's key, queueing behind other
+// enter takes this Client's slot for the claim's key, queueing behind other
 // callers. It returns a lease when the previous holder handed one over. With
 // try, it fails with errLockedHere instead of queueing.
-func (c *Client) enter(ctx context.Context, m *Mutex, try bool) (*Lease, error) {
+func (c *Client) enter(ctx context.Context, cl claim, try bool) (*Lease, error) {
+	key := cl.spec.key
 	c.mu.Lock()
-	s := c.slots[m.key]
+	s := c.slots[key]
 	if s == nil {
 		s = &slot{}
-		c.slots[m.key] = s
+		c.slots[key] = s
 	}
 	if !s.busy {
 		s.busy = true
@@ -309,7 +310,7 @@ func (c *Client) enter(ctx context.Context, m *Mutex, try bool) (*Lease, error) 
 		c.mu.Unlock()
 		return nil, errLockedHere
 	}
-	w := &waiter{m: m, ch: make(chan *Lease, 1)}
+	w := &waiter{cl: cl, ch: make(chan *Lease, 1)}
 	s.waiters = append(s.waiters, w)
 	c.mu.Unlock()
 
@@ -333,7 +334,7 @@ func (c *Client) enter(ctx context.Context, m *Mutex, try bool) (*Lease, error) 
 	select {
 	case l := <-w.ch:
 		c.mu.Unlock()
-		c.passOn(m.key, l)
+		c.passOn(key, l)
 	default:
 		w.gone = true
 		c.mu.Unlock()
@@ -406,6 +407,9 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 	if errors.Is(l.ended(), ErrReleased) { // ended by Close
 		return ErrClosed
 	}
+	if l.role != roleExclusive {
+		return c.releaseShared(ctx, l)
+	}
 	if err := l.Err(); err != nil {
 		var lost *LeaseLostError
 		if errors.As(err, &lost) && lost.Cause != nil { // expired: the store may still show the hold
@@ -426,12 +430,13 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 		defer l.end(ErrReleased, "")
 	}
 	if w := c.next(l.key); w != nil {
-		hold := c.holds.Add(1)
+		a := w.cl.spec
+		a.owner, a.hold = c.owner, c.holds.Add(1)
 		sent := c.clock.Now()
-		r, err := c.store.handoff(ctx, l.ref(), hold, w.m.cfg.ttl)
+		r, err := c.store.handoff(ctx, l.ref(), a.hold, a.ttl, a.data)
 		switch {
 		case err == nil:
-			next := c.newLease(w.m, r, sent)
+			next := c.newLease(w.cl.lk, w.cl.cfg, a, r.Token, roleExclusive, sent)
 			if !c.ext.add(next) { // Close could not wait for this call: free the key
 				c.store.release(ctx, next.ref())
 				next.end(ErrReleased, "")
@@ -449,5 +454,28 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 		err = l.takenOver()
 	}
 	c.leave(l.key)
+	return err
+}
+
+// releaseShared gives a shared hold back: no local queue, no handoff.
+func (c *Client) releaseShared(ctx context.Context, l *Lease) error {
+	if err := l.Err(); err != nil {
+		var lost *LeaseLostError
+		if errors.As(err, &lost) && lost.Cause != nil {
+			ref := l.ref()
+			c.tidy(l.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
+		}
+		return err
+	}
+	if !l.end(ErrReleased, "") {
+		if err := l.ended(); !errors.Is(err, ErrReleased) {
+			return err
+		}
+		return ErrClosed
+	}
+	err := c.store.release(ctx, l.ref())
+	if errors.Is(err, errNotOwner) {
+		err = l.takenOver()
+	}
 	return err
 }

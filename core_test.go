@@ -58,8 +58,8 @@ func (h *hooked) acquire(ctx context.Context, a attempt, takeover int64) (r reco
 	return r, err
 }
 
-func (h *hooked) handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration) (r record, err error) {
-	err = h.run(ctx, "handoff", func() (err error) { r, err = h.store.handoff(ctx, ref, hold, ttl); return err })
+func (h *hooked) handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration, data []byte) (r record, err error) {
+	err = h.run(ctx, "handoff", func() (err error) { r, err = h.store.handoff(ctx, ref, hold, ttl, data); return err })
 	return r, err
 }
 
@@ -107,6 +107,16 @@ func (h *hooked) raiseFloor(ctx context.Context, t Token) error {
 func (h *hooked) remove(ctx context.Context, recs []idleRecord) (n int, err error) {
 	err = h.run(ctx, "remove", func() (err error) { n, err = h.store.remove(ctx, recs); return err })
 	return n, err
+}
+
+func (h *hooked) register(ctx context.Context, a attempt) (r record, err error) {
+	err = h.run(ctx, "register", func() (err error) { r, err = h.store.register(ctx, a); return err })
+	return r, err
+}
+
+func (h *hooked) reap(ctx context.Context, key string, rev int64, stale []staleEntry) (ok bool, err error) {
+	err = h.run(ctx, "reap", func() (err error) { ok, err = h.store.reap(ctx, key, rev, stale); return err })
+	return ok, err
 }
 
 func (h *hooked) serverTime(ctx context.Context) (t time.Time, ok bool, err error) {

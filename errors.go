@@ -32,6 +32,12 @@ var (
 	// ErrInvalidOption is returned for an option value out of range, or an
 	// option given where it does not apply.
 	ErrInvalidOption = errors.New("dlock: invalid option")
+	// ErrKindMismatch is returned when a key is used by two kinds of
+	// primitive ([Mutex], [RWMutex], [Semaphore]) or by Semaphores with
+	// different numbers of permits: a misuse that would otherwise make one
+	// of them wait forever, or give a larger limit than one of them asked
+	// for. The message names the key's kind.
+	ErrKindMismatch = errors.New("dlock: key used by another kind of lock")
 	// ErrNoClient is returned by the Lock and TryLock of a Mutex that no
 	// Client made: the zero value, or a nil pointer. Make Mutexes with
 	// [Client.NewMutex].

@@ -55,7 +55,7 @@ type watch struct {
 // observe records an observation of rec received at now. serverElapsed is
 // the server's time since rec was written, or negative when unknown.
 func (w *watch) observe(rec record, now time.Time, serverElapsed time.Duration) {
-	d := now.Add(takeoverWait(rec.TTL, serverElapsed))
+	d := now.Add(takeoverWait(rec.maxTTL(), serverElapsed))
 	if rec.Rev != w.rev || d.Before(w.deadline) {
 		w.rev, w.deadline = rec.Rev, d
 	}

@@ -46,7 +46,9 @@ func (e *extender) add(l *Lease) bool {
 		return false
 	}
 	e.leases[l] = struct{}{}
-	e.c.tel.held.Add(context.Background(), 1)
+	if l.role != roleWriter { // a registration is not a hold
+		e.c.tel.held.Add(context.Background(), 1)
+	}
 	select {
 	case e.wake <- struct{}{}:
 	default:

@@ -24,9 +24,12 @@ var errDeadline = errors.New("dlock: local deadline passed without a successful 
 // when it was lost. A Lease is safe for concurrent use.
 type Lease struct {
 	c        *Client
-	m        *Mutex
+	lk       locker // what the hold is for; told when Release is called
 	key      string
 	token    Token
+	hold     int64 // the hold id
+	role     role  // exclusive or shared (or, internally, a writer's registration)
+	data     []byte
 	ttl      time.Duration
 	every    time.Duration
 	acquired time.Time // on the Client's clock
@@ -43,17 +46,29 @@ type Lease struct {
 	cancel   context.CancelCauseFunc
 }
 
-func (c *Client) newLease(m *Mutex, r record, sent time.Time) *Lease {
+// A locker is what a hold is for: a Mutex, an RWMutex, a Semaphore.
+type locker interface {
+	// forget is called when Release is called on one of its leases.
+	forget(l *Lease)
+}
+
+// newLease returns the lease of a hold that attempt a made, with token t,
+// by a write sent at sent.
+func (c *Client) newLease(lk locker, cfg *config, a attempt, t Token, ro role, sent time.Time) *Lease {
 	return &Lease{
-		c: c, m: m, key: m.key, token: r.Token, ttl: m.cfg.ttl, every: m.cfg.every(),
-		acquired: sent, deadline: sent.Add(holdFor(m.cfg.ttl)), next: sent.Add(m.cfg.every()),
+		c: c, lk: lk, key: a.key, token: t, hold: a.hold, role: ro, data: a.data, ttl: cfg.ttl, every: cfg.every(),
+		acquired: sent, deadline: sent.Add(holdFor(cfg.ttl)), next: sent.Add(cfg.every()),
 		done: make(chan struct{}), lost: make(chan struct{}),
 	}
 }
 
 func (l *Lease) ref() leaseRef {
-	return leaseRef{key: l.key, owner: l.c.owner, token: l.token, ttl: l.ttl}
+	return leaseRef{key: l.key, owner: l.c.owner, token: l.token, ttl: l.ttl, hold: l.hold, role: l.role}
 }
+
+// Data returns the data stored with this hold ([WithData]), or nil. The
+// caller must not modify it.
+func (l *Lease) Data() []byte { return l.data }
 
 // Key returns the key this lease holds.
 func (l *Lease) Key() string { return l.key }
@@ -124,8 +139,8 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.returned = true
 	l.mu.Unlock()
-	if l.m != nil {
-		l.m.forget(l)
+	if l.lk != nil {
+		l.lk.forget(l)
 	}
 	if l.c.begin() == nil { // else Close has begun; it ends the lease if this does not
 		defer l.c.finish()
@@ -186,7 +201,7 @@ func (l *Lease) end(err error, lostCause string) bool {
 		l.cancel(err)
 	}
 	l.mu.Unlock()
-	if l.c.ext.remove(l) {
+	if l.c.ext.remove(l) && l.role != roleWriter {
 		l.c.tel.endLease(l, l.c.clock.Now().Sub(l.acquired), lostCause, err)
 	}
 	return true

@@ -1,6 +1,7 @@
 package dlock
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -43,6 +44,7 @@ type config struct {
 	extendEvery time.Duration // 0: ttl/3
 	minBackoff  time.Duration
 	maxBackoff  time.Duration
+	data        []byte // WithData
 
 	// Client-wide.
 	serverClock    bool          // WithServerClockTakeover
@@ -156,6 +158,27 @@ func WithOwner(id string) Option {
 // before its first reading.
 func WithServerClockTakeover(on bool) Option {
 	return clientOnly("WithServerClockTakeover", func(c *config) { c.serverClock = on })
+}
+
+// MaxDataLen is the most data, in bytes, that [WithData] stores with a hold.
+const MaxDataLen = 1024
+
+// WithData stores data with each hold that the Mutex, RWMutex or
+// Semaphore (or every one of the Client's, when given to [NewClient])
+// makes: [Lease.Data] returns it, and [Client.Holders] shows it to anyone
+// who reads the key, waiters included. At most [MaxDataLen] bytes; nil,
+// the default, stores none. It is stored in the lock document in the
+// clear, readable by anyone who can read the collection: not a place for
+// secrets. WithData keeps its own copy of data.
+func WithData(data []byte) Option {
+	data = bytes.Clone(data)
+	return optionFunc(func(c *config) {
+		if len(data) > MaxDataLen {
+			c.fail("data of %d bytes, more than %d", len(data), MaxDataLen)
+			return
+		}
+		c.data = data
+	})
 }
 
 // WithPruneIdle makes the Client prune in the background: every d (less

@@ -179,8 +179,9 @@ func TestPruneInBackground(t *testing.T) {
 
 	_, err := newClientOn(func(*telemetry) store { return newMemStore() }, WithPruneIdle(-time.Second))
 	assert.ErrorIs(t, err, ErrInvalidOption)
-	_, err = newClientOn(func(*telemetry) store { return newMemStore() }, WithTTL(time.Second), WithPruneIdle(time.Second))
-	assert.NoError(t, err)
+	c, err := newClientOn(func(*telemetry) store { return newMemStore() }, WithTTL(time.Second), WithPruneIdle(time.Second))
+	require.NoError(t, err)
+	require.NoError(t, c.Close(context.Background()))
 	m := (&Client{cfg: defaultConfig()}).NewMutex("k", WithPruneIdle(time.Minute))
 	assert.ErrorIs(t, m.err, ErrInvalidOption, "WithPruneIdle applies to a Client")
 }

@@ -154,10 +154,10 @@ func (l *simLink) acquire(ctx context.Context, a attempt, takeover int64) (recor
 	})
 }
 
-func (l *simLink) handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration) (record, error) {
+func (l *simLink) handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration, data []byte) (record, error) {
 	sent := time.Now()
 	return send(l, ctx, func(ctx context.Context) (record, error) {
-		r, err := l.st.handoff(ctx, ref, hold, ttl)
+		r, err := l.st.handoff(ctx, ref, hold, ttl, data)
 		if err == nil {
 			l.k.wrote(r.Token, sent)
 		}
@@ -202,6 +202,14 @@ func (l *simLink) abandon(ctx context.Context, a attempt) error {
 		return struct{}{}, l.st.abandon(ctx, a)
 	})
 	return err
+}
+
+func (l *simLink) register(ctx context.Context, a attempt) (record, error) {
+	return send(l, ctx, func(ctx context.Context) (record, error) { return l.st.register(ctx, a) })
+}
+
+func (l *simLink) reap(ctx context.Context, key string, rev int64, stale []staleEntry) (bool, error) {
+	return send(l, ctx, func(ctx context.Context) (bool, error) { return l.st.reap(ctx, key, rev, stale) })
 }
 
 func (l *simLink) floor(ctx context.Context) (Token, error) {

@@ -2,7 +2,9 @@ package dlock
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
+	"strconv"
 	"time"
 )
 
@@ -18,9 +20,76 @@ type record struct {
 	At    time.Time     // the server's clock at the last write
 	Hold  int64         // names the acquisition (or handoff) that made the hold, unique per owner
 	Raw   bool          // created by an acquire, and Token not yet raised above the floor
+	Data  []byte        // the exclusive hold's data
+
+	Kind    string           // "" (Mutex), kindRW or "sem/N" (see kindOf)
+	Shared  map[string]entry // shared holds by hold key (see holdKey)
+	Writers map[string]entry // registered writers by hold key (RWMutex)
 }
 
-func (r record) free() bool { return r.Owner == "" }
+// An entry is a shared hold or a registration in a record, watched for
+// liveness by its epoch, which each extension increments.
+type entry struct {
+	Owner string
+	Hold  int64
+	Token Token
+	TTL   time.Duration
+	Data  []byte
+	Epoch int64
+}
+
+// free reports whether nobody holds the key, exclusively or shared.
+func (r record) free() bool { return r.Owner == "" && len(r.Shared) == 0 }
+
+// holds reports whether ref holds r (or, for a writer's registration,
+// is registered in it).
+func (r record) holds(ref leaseRef) bool {
+	if ref.role == roleExclusive {
+		return r.Owner == ref.owner && r.Token == ref.token
+	}
+	e, ok := r.entries(ref.role)[holdKey(ref.owner, ref.hold)]
+	return ok && (ref.role == roleWriter || e.Token == ref.token)
+}
+
+// entries returns the sub-document of entries of role.
+func (r record) entries(ro role) map[string]entry {
+	if ro == roleWriter {
+		return r.Writers
+	}
+	return r.Shared
+}
+
+// maxTTL is the longest TTL of any hold or registration in r: a record
+// whose revision stood still that long has no live hold left.
+func (r record) maxTTL() time.Duration {
+	d := r.TTL
+	for _, e := range r.Shared {
+		d = max(d, e.TTL)
+	}
+	for _, e := range r.Writers {
+		d = max(d, e.TTL)
+	}
+	return d
+}
+
+// kindRW is the kind of an RWMutex's key.
+const kindRW = "rw"
+
+// semKind is the kind of a Semaphore's key of n permits.
+func semKind(n int) string { return "sem/" + strconv.Itoa(n) }
+
+// holdKey names a hold in a sub-document: the owner in base64url (so no
+// "." or "$"), ":" and the hold id. Unique forever, as owner and hold are.
+func holdKey(owner string, hold int64) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(owner)) + ":" + strconv.FormatInt(hold, 10)
+}
+
+// staleEntry names an entry by its epoch, for reap.
+type staleEntry struct {
+	role  role // roleShared or roleWriter
+	key   string
+	epoch int64
+}
 
 // idleRecord is a record that Prune may delete.
 type idleRecord struct {
@@ -35,7 +104,18 @@ type leaseRef struct {
 	owner string
 	token Token
 	ttl   time.Duration
+	hold  int64
+	role  role
 }
+
+// role says what a leaseRef names in its record.
+type role uint8
+
+const (
+	roleExclusive role = iota // the top-level hold
+	roleShared                // an entry in Shared
+	roleWriter                // an entry in Writers: a registration, not a hold
+)
 
 // An attempt is one Lock call's claim on a key: every acquire it sends
 // carries the same hold id, unique among its owner's, so that a retry
@@ -47,7 +127,20 @@ type attempt struct {
 	owner string
 	hold  int64
 	ttl   time.Duration
+	kind  string // the key's kind: "" for a Mutex
+	data  []byte // stored with the hold
+
+	// Shared holds (RWMutex.RLock, Semaphore) only.
+	shared bool
+	limit  int   // shared holds allowed at once
+	token  Token // the key's token counter as last seen: a shared acquire is a compare-and-set on it
+
+	// An exclusive hold of an RWMutex: the writer's registration, if it
+	// made one, ends with the acquire.
+	registered bool
 }
+
+func (a attempt) holdKey() string { return holdKey(a.owner, a.hold) }
 
 // errHeld: the key is held by another owner. errNotOwner: a conditional
 // write found that the key is no longer held by this lease.
@@ -65,10 +158,10 @@ type store interface {
 	// attempt (same owner and hold), or still at revision takeover (0 for
 	// none). It returns the record written, or errHeld.
 	acquire(ctx context.Context, a attempt, takeover int64) (record, error)
-	// handoff passes a hold to a new hold of the same owner with a new
-	// token, the hold id hold and ttl; errNotOwner when ref no longer holds
-	// the key.
-	handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration) (record, error)
+	// handoff passes an exclusive hold to a new hold of the same owner
+	// with a new token, the hold id hold, ttl and data; errNotOwner when
+	// ref no longer holds the key.
+	handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration, data []byte) (record, error)
 	// extend refreshes every hold in refs in one write command (or a few,
 	// on servers that handle big commands badly: see ferretBatch), and
 	// reports for each whether it is still held. When some are not, it spends a second round
@@ -99,6 +192,15 @@ type store interface {
 	// in one write command (or a few, as extend), and returns how many it
 	// deleted.
 	remove(ctx context.Context, recs []idleRecord) (int, error)
+	// register records attempt a (an RWMutex writer) as waiting for its
+	// key, so that no new shared hold is taken until it has acquired or
+	// its registration has ended; it returns the record written.
+	register(ctx context.Context, a attempt) (record, error)
+	// reap removes, in one write, entries whose epochs show their owners
+	// stopped extending them; all or nothing: false when any has changed.
+	// With rev != 0 it instead clears every hold of the record if it is
+	// still at revision rev (a takeover by a shared attempt).
+	reap(ctx context.Context, key string, rev int64, stale []staleEntry) (bool, error)
 	// read returns the record for key (the zero record when absent).
 	read(ctx context.Context, key string) (record, error)
 	// serverTime returns the server's clock, or ok=false when the server

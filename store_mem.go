@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,11 +39,25 @@ func (s *memStore) begin(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// write starts a hold on r's key for owner.
+// write stores r as key's record, with a new revision and the server's
+// stamp, and returns a copy the caller may keep: records share no maps
+// with the store.
 func (s *memStore) write(key string, r record) record {
 	r.Rev++
 	r.At = s.now()
 	s.records[key] = r
+	return r.clone()
+}
+
+// get returns a copy of key's record that the caller may change and write.
+func (s *memStore) get(key string) (record, bool) {
+	r, ok := s.records[key]
+	return r.clone(), ok
+}
+
+func (r record) clone() record {
+	r.Shared = maps.Clone(r.Shared)
+	r.Writers = maps.Clone(r.Writers)
 	return r
 }
 
@@ -51,17 +67,89 @@ func (s *memStore) acquire(ctx context.Context, a attempt, takeover int64) (reco
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r, exists := s.records[a.key]
+	r, exists := s.get(a.key)
+	if exists && r.Kind != a.kind {
+		return record{}, errHeld
+	}
+	if !exists {
+		r = record{Kind: a.kind, Raw: true, Token: a.token}
+	}
+	if a.shared {
+		hk := a.holdKey()
+		if exists && (r.Owner != "" || len(r.Shared) >= a.limit || len(r.Writers) > 0 || r.Token != a.token || r.Raw && len(r.Shared) > 0) {
+			return record{}, errHeld
+		}
+		r.Token = a.token + 1
+		if r.Shared == nil {
+			r.Shared = map[string]entry{}
+		}
+		r.Shared[hk] = entry{Owner: a.owner, Hold: a.hold, Token: r.Token, TTL: a.ttl, Data: a.data}
+		return s.write(a.key, r), nil
+	}
 	ours := r.Owner == a.owner && r.Hold == a.hold
 	if exists && !r.free() && !ours && (takeover == 0 || r.Rev != takeover) {
 		return record{}, errHeld
 	}
-	r.Owner, r.Hold, r.TTL = a.owner, a.hold, a.ttl
-	r.Token++
 	if !exists {
-		r.Raw = true
+		r.Token = 0
+	}
+	r.Owner, r.Hold, r.TTL, r.Data = a.owner, a.hold, a.ttl, a.data
+	r.Token++
+	r.Shared = nil // none, or stale ones cleared by a takeover
+	if a.registered || takeover != 0 && r.Rev == takeover {
+		delete(r.Writers, a.holdKey())
+		if takeover != 0 && r.Rev == takeover {
+			r.Writers = nil
+		}
 	}
 	return s.write(a.key, r), nil
+}
+
+func (s *memStore) register(ctx context.Context, a attempt) (record, error) {
+	if err := s.begin(ctx); err != nil {
+		return record{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, exists := s.get(a.key)
+	if !exists || r.Kind != a.kind {
+		return record{}, errNotOwner
+	}
+	if r.Writers == nil {
+		r.Writers = map[string]entry{}
+	}
+	r.Writers[a.holdKey()] = entry{Owner: a.owner, Hold: a.hold, TTL: a.ttl, Epoch: rand.Int64N(1 << 62)}
+	return s.write(a.key, r), nil
+}
+
+func (s *memStore) reap(ctx context.Context, key string, rev int64, stale []staleEntry) (bool, error) {
+	if err := s.begin(ctx); err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.get(key)
+	if !ok {
+		return false, nil
+	}
+	if rev != 0 {
+		if r.Rev != rev {
+			return false, nil
+		}
+		r.Owner, r.Data, r.Shared, r.Writers = "", nil, nil, nil
+		s.write(key, r)
+		return true, nil
+	}
+	for _, e := range stale {
+		if got, ok := r.entries(e.role)[e.key]; !ok || got.Epoch != e.epoch {
+			return false, nil
+		}
+	}
+	for _, e := range stale {
+		delete(r.entries(e.role), e.key)
+	}
+	s.write(key, r)
+	return true, nil
 }
 
 func (s *memStore) floor(ctx context.Context) (Token, error) {
@@ -79,11 +167,21 @@ func (s *memStore) raise(ctx context.Context, a attempt, floor Token) (record, e
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r, ok := s.records[a.key]
-	if !ok || r.Owner != a.owner || r.Hold != a.hold {
-		return record{}, errNotOwner
+	r, ok := s.get(a.key)
+	if a.shared {
+		e, held := r.Shared[a.holdKey()]
+		if !ok || !held || r.Token != a.token {
+			return record{}, errNotOwner
+		}
+		r.Token = max(a.token, floor+1)
+		e.Token = r.Token
+		r.Shared[a.holdKey()] = e
+	} else {
+		if !ok || r.Owner != a.owner || r.Hold != a.hold {
+			return record{}, errNotOwner
+		}
+		r.Token = max(r.Token, floor+1)
 	}
-	r.Token = max(r.Token, floor+1)
 	r.Raw = false
 	return s.write(a.key, r), nil
 }
@@ -99,7 +197,7 @@ func (s *memStore) idle(ctx context.Context, cutoff time.Time, limit int) ([]idl
 		if len(recs) == limit {
 			break
 		}
-		if r.free() && !r.At.After(cutoff) {
+		if r.free() && len(r.Writers) == 0 && !r.At.After(cutoff) {
 			recs = append(recs, idleRecord{key: key, token: r.Token, rev: r.Rev})
 		}
 	}
@@ -124,7 +222,7 @@ func (s *memStore) remove(ctx context.Context, recs []idleRecord) (int, error) {
 	defer s.mu.Unlock()
 	n := 0
 	for _, d := range recs {
-		if r, ok := s.records[d.key]; ok && r.free() && r.Rev == d.rev {
+		if r, ok := s.records[d.key]; ok && r.free() && len(r.Writers) == 0 && r.Rev == d.rev {
 			delete(s.records, d.key)
 			n++
 		}
@@ -132,22 +230,23 @@ func (s *memStore) remove(ctx context.Context, recs []idleRecord) (int, error) {
 	return n, nil
 }
 
+// holds reports whether ref holds its key, and returns a copy of the record.
 func (s *memStore) holds(ref leaseRef) (record, bool) {
-	r, ok := s.records[ref.key]
-	return r, ok && r.Owner == ref.owner && r.Token == ref.token
+	r, ok := s.get(ref.key)
+	return r, ok && r.holds(ref)
 }
 
-func (s *memStore) handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration) (record, error) {
+func (s *memStore) handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration, data []byte) (record, error) {
 	if err := s.begin(ctx); err != nil {
 		return record{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, ok := s.holds(ref)
-	if !ok {
+	if !ok || ref.role != roleExclusive {
 		return record{}, errNotOwner
 	}
-	r.Hold, r.TTL = hold, ttl
+	r.Hold, r.TTL, r.Data = hold, ttl, data
 	r.Token++
 	return s.write(ref.key, r), nil
 }
@@ -161,6 +260,12 @@ func (s *memStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error) 
 	ok := make([]bool, len(refs))
 	for i, ref := range refs {
 		if r, held := s.holds(ref); held {
+			if ref.role != roleExclusive {
+				hk := holdKey(ref.owner, ref.hold)
+				e := r.entries(ref.role)[hk]
+				e.Epoch++
+				r.entries(ref.role)[hk] = e
+			}
 			s.write(ref.key, r)
 			ok[i] = true
 		}
@@ -177,13 +282,17 @@ func (s *memStore) release(ctx context.Context, ref leaseRef) error {
 	return s.free(ref)
 }
 
-// free frees ref's key if ref holds it; s.mu is held.
+// free ends ref's hold (or registration) if it is still there; s.mu is held.
 func (s *memStore) free(ref leaseRef) error {
 	r, ok := s.holds(ref)
 	if !ok {
 		return errNotOwner
 	}
-	r.Owner = ""
+	if ref.role == roleExclusive {
+		r.Owner, r.Data = "", nil
+	} else {
+		delete(r.entries(ref.role), holdKey(ref.owner, ref.hold))
+	}
 	s.write(ref.key, r)
 	return nil
 }
@@ -209,8 +318,16 @@ func (s *memStore) abandon(ctx context.Context, a attempt) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if r, ok := s.records[a.key]; ok && r.Owner == a.owner && r.Hold == a.hold {
-		r.Owner = ""
+	r, ok := s.get(a.key)
+	switch {
+	case !ok:
+	case a.shared:
+		if _, held := r.Shared[a.holdKey()]; held {
+			delete(r.Shared, a.holdKey())
+			s.write(a.key, r)
+		}
+	case r.Owner == a.owner && r.Hold == a.hold:
+		r.Owner, r.Data = "", nil
 		s.write(a.key, r)
 	}
 	return nil
@@ -222,7 +339,8 @@ func (s *memStore) read(ctx context.Context, key string) (record, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.records[key], nil
+	r, _ := s.get(key)
+	return r, nil
 }
 
 func (s *memStore) serverTime(ctx context.Context) (time.Time, bool, error) {
@@ -257,11 +375,25 @@ func (l *memLink) acquire(ctx context.Context, a attempt, takeover int64) (recor
 	return l.memStore.acquire(ctx, a, takeover)
 }
 
-func (l *memLink) handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration) (record, error) {
+func (l *memLink) handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration, data []byte) (record, error) {
 	if err := l.check(ctx); err != nil {
 		return record{}, err
 	}
-	return l.memStore.handoff(ctx, ref, hold, ttl)
+	return l.memStore.handoff(ctx, ref, hold, ttl, data)
+}
+
+func (l *memLink) register(ctx context.Context, a attempt) (record, error) {
+	if err := l.check(ctx); err != nil {
+		return record{}, err
+	}
+	return l.memStore.register(ctx, a)
+}
+
+func (l *memLink) reap(ctx context.Context, key string, rev int64, stale []staleEntry) (bool, error) {
+	if err := l.check(ctx); err != nil {
+		return false, err
+	}
+	return l.memStore.reap(ctx, key, rev, stale)
 }
 
 func (l *memLink) extend(ctx context.Context, refs []leaseRef) ([]bool, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -26,7 +27,22 @@ const (
 	fAt    = "at"
 	fHold  = "hold"
 	fRaw   = "raw"
+	fData  = "data"
+	fKind  = "kind"
+	fN     = "n" // entries in h
+	fH     = "h" // shared holds by hold key
+	fW     = "w" // registered writers by hold key
 	fFloor = "floor"
+)
+
+// Fields of an entry in h or w.
+const (
+	eOwner = "o"
+	eHold  = "hold"
+	eToken = "t"
+	eTTL   = "ttl"
+	eData  = "d"
+	eEpoch = "e"
 )
 
 // floorID is the _id of the floor document: a number, which no key (a
@@ -42,10 +58,68 @@ type lockDoc struct {
 	At    time.Time `bson:"at"`
 	Hold  int64     `bson:"hold"`
 	Raw   bool      `bson:"raw"`
+	Data  []byte    `bson:"data"`
+	Kind  string    `bson:"kind"`
+
+	H map[string]entryDoc `bson:"h"`
+	W map[string]entryDoc `bson:"w"`
+}
+
+// entryDoc is the stored form of an entry.
+type entryDoc struct {
+	Owner string `bson:"o"`
+	Hold  int64  `bson:"hold"`
+	Token int64  `bson:"t"`
+	TTL   int64  `bson:"ttl"`
+	Data  []byte `bson:"d,omitempty"`
+	Epoch int64  `bson:"e"`
 }
 
 func (d lockDoc) record() record {
-	return record{Owner: d.Owner, Token: Token(d.Token), Rev: d.Rev, TTL: time.Duration(d.TTL) * time.Millisecond, At: d.At, Hold: d.Hold, Raw: d.Raw}
+	return record{Owner: d.Owner, Token: Token(d.Token), Rev: d.Rev, TTL: time.Duration(d.TTL) * time.Millisecond, At: d.At, Hold: d.Hold, Raw: d.Raw,
+		Data: d.Data, Kind: d.Kind, Shared: entries(d.H), Writers: entries(d.W)}
+}
+
+func entries(docs map[string]entryDoc) map[string]entry {
+	if len(docs) == 0 {
+		return nil
+	}
+	m := make(map[string]entry, len(docs))
+	for k, e := range docs {
+		m[k] = entry{Owner: e.Owner, Hold: e.Hold, Token: Token(e.Token), TTL: time.Duration(e.TTL) * time.Millisecond, Data: e.Data, Epoch: e.Epoch}
+	}
+	return m
+}
+
+// path is the field path of the entry named by hk in sub-document sub.
+func path(sub, hk string, field ...string) string {
+	p := sub + "." + hk
+	for _, f := range field {
+		p += "." + f
+	}
+	return p
+}
+
+func sub(ro role) string {
+	if ro == roleWriter {
+		return fW
+	}
+	return fH
+}
+
+// noneAbove matches a field absent, null or not above 0.
+var (
+	notPositive = bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: 0}}}}
+	emptyOrNone = bson.D{{Key: "$in", Value: bson.A{nil, bson.D{}}}}
+)
+
+// kindFilter matches a record of kind k ("" for a Mutex's: the field
+// absent, as in documents written before kinds, or null).
+func kindFilter(k string) bson.E {
+	if k == "" {
+		return bson.E{Key: fKind, Value: nil}
+	}
+	return bson.E{Key: fKind, Value: k}
 }
 
 // mongoStore keeps one document per key in a collection. It relies only on
@@ -96,6 +170,7 @@ var (
 	}
 	free = bson.D{
 		{Key: "$set", Value: bson.D{{Key: fOwner, Value: ""}}},
+		{Key: "$unset", Value: bson.D{{Key: fData, Value: ""}}},
 		{Key: "$inc", Value: bson.D{{Key: fRev, Value: int64(1)}}},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}
@@ -103,18 +178,75 @@ var (
 	upsertAfter = options.FindOneAndUpdate().SetReturnDocument(options.After).SetUpsert(true)
 )
 
+// held matches the record while ref holds it (or, for a writer's
+// registration, while it is registered).
 func held(ref leaseRef) bson.D {
+	switch ref.role {
+	case roleShared:
+		return bson.D{{Key: "_id", Value: ref.key}, {Key: path(fH, holdKey(ref.owner, ref.hold), eToken), Value: int64(ref.token)}}
+	case roleWriter:
+		return bson.D{{Key: "_id", Value: ref.key}, {Key: path(fW, holdKey(ref.owner, ref.hold)), Value: bson.D{{Key: "$exists", Value: true}}}}
+	}
 	return bson.D{{Key: "_id", Value: ref.key}, {Key: fOwner, Value: ref.owner}, {Key: fToken, Value: int64(ref.token)}}
 }
 
+// extension is the update that extends ref.
+func extension(ref leaseRef) bson.D {
+	if ref.role == roleExclusive {
+		return touch
+	}
+	return bson.D{
+		{Key: "$inc", Value: bson.D{{Key: path(sub(ref.role), holdKey(ref.owner, ref.hold), eEpoch), Value: int64(1)}, {Key: fRev, Value: int64(1)}}},
+		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
+	}
+}
+
+// ending is the update that ends ref's hold or registration.
+func ending(ref leaseRef) bson.D {
+	if ref.role == roleExclusive {
+		return free
+	}
+	inc := bson.D{{Key: fRev, Value: int64(1)}}
+	if ref.role == roleShared {
+		inc = append(inc, bson.E{Key: fN, Value: -1})
+	}
+	return bson.D{
+		{Key: "$unset", Value: bson.D{{Key: path(sub(ref.role), holdKey(ref.owner, ref.hold)), Value: ""}}},
+		{Key: "$inc", Value: inc},
+		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
+	}
+}
+
 func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover int64) (record, error) {
+	if a.shared {
+		return s.acquireShared(ctx, a)
+	}
 	ours := bson.D{{Key: fOwner, Value: a.owner}, {Key: fHold, Value: a.hold}}
-	or := bson.A{bson.D{{Key: fOwner, Value: ""}}, ours}
+	free := bson.D{{Key: fOwner, Value: ""}}
+	if a.kind != "" {
+		free = append(free, bson.E{Key: fN, Value: notPositive})
+	}
+	or := bson.A{free, ours}
 	if takeover != 0 {
 		or = append(or, bson.D{{Key: fRev, Value: takeover}})
 	}
-	filter := bson.D{{Key: "_id", Value: a.key}, {Key: "$or", Value: or}}
+	filter := bson.D{{Key: "_id", Value: a.key}, kindFilter(a.kind), {Key: "$or", Value: or}}
 	update := append(newHold(a.owner, a.hold, a.ttl), bson.E{Key: "$setOnInsert", Value: bson.D{{Key: fRaw, Value: true}}})
+	var unset bson.D
+	if a.data != nil {
+		update[0].Value = append(update[0].Value.(bson.D), bson.E{Key: fData, Value: a.data})
+	} else {
+		unset = append(unset, bson.E{Key: fData, Value: ""})
+	}
+	if a.kind != "" { // an RWMutex's writer: no shared holds, or only stale ones (a takeover)
+		update[0].Value = append(update[0].Value.(bson.D), bson.E{Key: fH, Value: bson.D{}}, bson.E{Key: fN, Value: 0})
+		if a.registered {
+			unset = append(unset, bson.E{Key: path(fW, a.holdKey()), Value: ""})
+		}
+	}
+	if unset != nil {
+		update = append(update, bson.E{Key: "$unset", Value: unset})
+	}
 	s.counted(ctx, 1)
 	var d lockDoc
 	err := s.coll.FindOneAndUpdate(ctx, filter, update, upsertAfter).Decode(&d)
@@ -127,6 +259,92 @@ func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover int64) (re
 	default:
 		return record{}, fmt.Errorf("dlock: acquire %q: %w", a.key, err)
 	}
+}
+
+// acquireShared adds a shared hold, by a compare-and-set on the token
+// counter (doc.go has why).
+func (s *mongoStore) acquireShared(ctx context.Context, a attempt) (record, error) {
+	filter := bson.D{
+		{Key: "_id", Value: a.key}, {Key: fKind, Value: a.kind}, {Key: fOwner, Value: ""},
+		{Key: fToken, Value: int64(a.token)},
+		{Key: fN, Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gte", Value: a.limit}}}}},
+		{Key: fW, Value: emptyOrNone},
+		{Key: "$or", Value: bson.A{bson.D{{Key: fRaw, Value: bson.D{{Key: "$exists", Value: false}}}}, bson.D{{Key: fN, Value: notPositive}}}},
+	}
+	t := int64(a.token) + 1
+	e := entryDoc{Owner: a.owner, Hold: a.hold, Token: t, TTL: ttlMillis(a.ttl), Data: a.data}
+	update := bson.D{
+		{Key: "$set", Value: bson.D{{Key: fToken, Value: t}, {Key: path(fH, a.holdKey()), Value: e}}},
+		{Key: "$inc", Value: bson.D{{Key: fN, Value: 1}, {Key: fRev, Value: int64(1)}}},
+		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
+		{Key: "$setOnInsert", Value: bson.D{{Key: fRaw, Value: true}}},
+	}
+	s.counted(ctx, 1)
+	var d lockDoc
+	err := s.coll.FindOneAndUpdate(ctx, filter, update, upsertAfter).Decode(&d)
+	switch {
+	case err == nil:
+		return d.record(), nil
+	case duplicateKey(err):
+		return record{}, errHeld
+	default:
+		return record{}, fmt.Errorf("dlock: acquire %q shared: %w", a.key, err)
+	}
+}
+
+func (s *mongoStore) register(ctx context.Context, a attempt) (record, error) {
+	e := entryDoc{Owner: a.owner, Hold: a.hold, TTL: ttlMillis(a.ttl), Epoch: rand.Int64N(1 << 62)}
+	update := bson.D{
+		{Key: "$set", Value: bson.D{{Key: path(fW, a.holdKey()), Value: e}}},
+		{Key: "$inc", Value: bson.D{{Key: fRev, Value: int64(1)}}},
+		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
+	}
+	s.counted(ctx, 1)
+	var d lockDoc
+	err := s.coll.FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: a.key}, {Key: fKind, Value: a.kind}}, update, returnAfter).Decode(&d)
+	switch {
+	case err == nil:
+		return d.record(), nil
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return record{}, errNotOwner
+	default:
+		return record{}, fmt.Errorf("dlock: register a writer for %q: %w", a.key, err)
+	}
+}
+
+func (s *mongoStore) reap(ctx context.Context, key string, rev int64, stale []staleEntry) (bool, error) {
+	filter := bson.D{{Key: "_id", Value: key}}
+	var update bson.D
+	if rev != 0 {
+		filter = append(filter, bson.E{Key: fRev, Value: rev})
+		update = bson.D{
+			{Key: "$set", Value: bson.D{{Key: fOwner, Value: ""}, {Key: fH, Value: bson.D{}}, {Key: fN, Value: 0}, {Key: fW, Value: bson.D{}}}},
+			{Key: "$unset", Value: bson.D{{Key: fData, Value: ""}}},
+			{Key: "$inc", Value: bson.D{{Key: fRev, Value: int64(1)}}},
+			{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
+		}
+	} else {
+		var unset bson.D
+		shared := 0
+		for _, e := range stale {
+			filter = append(filter, bson.E{Key: path(sub(e.role), e.key, eEpoch), Value: e.epoch})
+			unset = append(unset, bson.E{Key: path(sub(e.role), e.key), Value: ""})
+			if e.role == roleShared {
+				shared++
+			}
+		}
+		update = bson.D{
+			{Key: "$unset", Value: unset},
+			{Key: "$inc", Value: bson.D{{Key: fN, Value: -shared}, {Key: fRev, Value: int64(1)}}},
+			{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
+		}
+	}
+	s.counted(ctx, 1)
+	res, err := s.coll.UpdateOne(ctx, filter, update)
+	if err != nil {
+		return false, fmt.Errorf("dlock: clear stale holds of %q: %w", key, err)
+	}
+	return res.MatchedCount == 1, nil
 }
 
 // duplicateKey reports whether err says that an upsert found the document
@@ -142,11 +360,17 @@ func duplicateKey(err error) bool {
 	return errors.As(err, &se) && se.HasErrorCodeWithMessage(1, "duplicate key value violates unique constraint")
 }
 
-func (s *mongoStore) handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration) (record, error) {
+func (s *mongoStore) handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration, data []byte) (record, error) {
+	set := bson.D{{Key: fTTL, Value: ttlMillis(ttl)}, {Key: fHold, Value: hold}}
 	update := bson.D{
-		{Key: "$set", Value: bson.D{{Key: fTTL, Value: ttlMillis(ttl)}, {Key: fHold, Value: hold}}},
+		{Key: "$set", Value: set},
 		{Key: "$inc", Value: bson.D{{Key: fToken, Value: int64(1)}, {Key: fRev, Value: int64(1)}}},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
+	}
+	if data != nil {
+		update[0].Value = append(set, bson.E{Key: fData, Value: data})
+	} else {
+		update = append(update, bson.E{Key: "$unset", Value: bson.D{{Key: fData, Value: ""}}})
 	}
 	s.counted(ctx, 1)
 	var d lockDoc
@@ -164,7 +388,7 @@ func (s *mongoStore) handoff(ctx context.Context, ref leaseRef, hold int64, ttl 
 func (s *mongoStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error) {
 	models := make([]mongo.WriteModel, len(refs))
 	for i, ref := range refs {
-		models[i] = mongo.NewUpdateOneModel().SetFilter(held(ref)).SetUpdate(touch)
+		models[i] = mongo.NewUpdateOneModel().SetFilter(held(ref)).SetUpdate(extension(ref))
 	}
 	matched, err := s.bulkWrite(ctx, models)
 	if err != nil {
@@ -183,36 +407,30 @@ func (s *mongoStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error
 		keys[i] = ref.key
 	}
 	s.counted(ctx, 1)
-	cur, err := s.coll.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: keys}}}},
-		options.Find().SetProjection(bson.D{{Key: fOwner, Value: 1}, {Key: fToken, Value: 1}}))
+	cur, err := s.coll.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: keys}}}})
 	if err != nil {
 		return nil, fmt.Errorf("dlock: extend %d leases: %w", len(refs), err)
 	}
 	var docs []struct {
-		ID    string `bson:"_id"`
-		Owner string `bson:"owner"`
-		Token int64  `bson:"token"`
+		ID      string `bson:"_id"`
+		lockDoc `bson:",inline"`
 	}
 	if err := cur.All(ctx, &docs); err != nil {
 		return nil, fmt.Errorf("dlock: extend %d leases: %w", len(refs), err)
 	}
-	type hold struct {
-		owner string
-		token Token
-	}
-	now := make(map[string]hold, len(docs))
+	now := make(map[string]record, len(docs))
 	for _, d := range docs {
-		now[d.ID] = hold{d.Owner, Token(d.Token)}
+		now[d.ID] = d.record()
 	}
 	for i, ref := range refs {
-		ok[i] = now[ref.key] == hold{ref.owner, ref.token}
+		ok[i] = now[ref.key].holds(ref)
 	}
 	return ok, nil
 }
 
 func (s *mongoStore) release(ctx context.Context, ref leaseRef) error {
 	s.counted(ctx, 1)
-	res, err := s.coll.UpdateOne(ctx, held(ref), free)
+	res, err := s.coll.UpdateOne(ctx, held(ref), ending(ref))
 	switch {
 	case err != nil:
 		return fmt.Errorf("dlock: release %q: %w", ref.key, err)
@@ -228,7 +446,7 @@ func (s *mongoStore) releaseAll(ctx context.Context, refs []leaseRef) error {
 	}
 	models := make([]mongo.WriteModel, len(refs))
 	for i, ref := range refs {
-		models[i] = mongo.NewUpdateOneModel().SetFilter(held(ref)).SetUpdate(free)
+		models[i] = mongo.NewUpdateOneModel().SetFilter(held(ref)).SetUpdate(ending(ref))
 	}
 	if _, err := s.bulkWrite(ctx, models); err != nil {
 		return fmt.Errorf("dlock: release %d leases: %w", len(refs), err)
@@ -297,7 +515,14 @@ func (b buildInfo) ferretV1() bool { return b.FerretDBVersion != "" }
 
 func (s *mongoStore) abandon(ctx context.Context, a attempt) error {
 	s.counted(ctx, 1)
-	_, err := s.coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: a.key}, {Key: fOwner, Value: a.owner}, {Key: fHold, Value: a.hold}}, free)
+	filter := bson.D{{Key: "_id", Value: a.key}, {Key: fOwner, Value: a.owner}, {Key: fHold, Value: a.hold}}
+	update := free
+	if a.shared {
+		ref := leaseRef{key: a.key, owner: a.owner, hold: a.hold, role: roleShared}
+		filter = bson.D{{Key: "_id", Value: a.key}, {Key: path(fH, a.holdKey()), Value: bson.D{{Key: "$exists", Value: true}}}}
+		update = ending(ref)
+	}
+	_, err := s.coll.UpdateOne(ctx, filter, update)
 	if err != nil {
 		return fmt.Errorf("dlock: abandon %q: %w", a.key, err)
 	}
@@ -328,6 +553,11 @@ func (s *mongoStore) raise(ctx context.Context, a attempt, floor Token) (record,
 		{Key: "$inc", Value: bson.D{{Key: fRev, Value: int64(1)}}},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}
+	if a.shared { // the only holder while raw: a compare-and-set on the counter, as for the acquire
+		t := max(int64(a.token), int64(floor)+1)
+		filter = bson.D{{Key: "_id", Value: a.key}, {Key: fToken, Value: int64(a.token)}, {Key: path(fH, a.holdKey()), Value: bson.D{{Key: "$exists", Value: true}}}}
+		update[0] = bson.E{Key: "$set", Value: bson.D{{Key: fToken, Value: t}, {Key: path(fH, a.holdKey(), eToken), Value: t}}}
+	}
 	s.counted(ctx, 1)
 	var d lockDoc
 	err := s.coll.FindOneAndUpdate(ctx, filter, update, returnAfter).Decode(&d)
@@ -343,7 +573,7 @@ func (s *mongoStore) raise(ctx context.Context, a attempt, floor Token) (record,
 
 func (s *mongoStore) idle(ctx context.Context, cutoff time.Time, limit int) ([]idleRecord, error) {
 	s.counted(ctx, 1)
-	cur, err := s.coll.Find(ctx, bson.D{{Key: fOwner, Value: ""}, {Key: fAt, Value: bson.D{{Key: "$lte", Value: cutoff}}}},
+	cur, err := s.coll.Find(ctx, bson.D{{Key: fOwner, Value: ""}, {Key: fN, Value: notPositive}, {Key: fW, Value: emptyOrNone}, {Key: fAt, Value: bson.D{{Key: "$lte", Value: cutoff}}}},
 		options.Find().SetProjection(bson.D{{Key: fToken, Value: 1}, {Key: fRev, Value: 1}}).SetLimit(int64(limit)))
 	if err != nil {
 		return nil, fmt.Errorf("dlock: find idle keys: %w", err)

@@ -1,0 +1,651 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+)
+
+// This file is the lease core's acquisition, shared by every primitive:
+// the exclusive wait (Mutex, RWMutex.Lock), with this Client's local queue
+// and handoff, and the shared wait (RWMutex.RLock, Semaphore). doc.go has
+// the lock document's design.
+
+// A claim is what one locking call asks for, and for whom.
+type claim struct {
+	lk   locker
+	cfg  *config
+	pace *pacing // where the primitive's last wait's polls ended
+	spec attempt // key, ttl, kind, data; shared and limit for a shared hold
+	seen *seen   // shared holds: the key's token counter as last seen
+}
+
+// A pacing is a primitive's memory of its last wait (see pace).
+type pacing struct {
+	mu   sync.Mutex
+	last pace // guarded by mu
+}
+
+func (p *pacing) start(now time.Time, cfg *config) poller {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.last.start(now, cfg)
+}
+
+func (p *pacing) ended(interval time.Duration, now time.Time) {
+	p.mu.Lock()
+	p.last = pace{interval: interval, at: now}
+	p.mu.Unlock()
+}
+
+// seen is the token counter of a key as a primitive last saw it: a shared
+// acquire is a compare-and-set on it, so a good guess saves a read.
+type seen struct {
+	mu    sync.Mutex
+	token Token // guarded by mu
+	known bool  // guarded by mu
+}
+
+func (s *seen) get() (Token, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.token, s.known
+}
+
+func (s *seen) set(t Token) {
+	s.mu.Lock()
+	s.token, s.known = t, true
+	s.mu.Unlock()
+}
+
+// lockExclusive takes an exclusive hold for cl: first this Client's slot
+// for the key, queueing behind its other callers (or, with try, failing
+// with errLockedHere), then the key, unless the previous holder of the
+// slot handed its hold over. name is the span's.
+func (c *Client) lockExclusive(ctx context.Context, cl claim, name string, try bool) (l *Lease, err error) {
+	key := cl.spec.key
+	if err := c.begin(); err != nil {
+		return nil, err
+	}
+	defer c.finish()
+	start := time.Now()
+	ctx, span := c.tel.lockSpan(ctx, name, key, c.owner)
+	attempts := 0
+	defer func() { c.tel.endLock(ctx, span, start, attempts, l, err) }()
+
+	l, err = c.enter(ctx, cl, try)
+	if err != nil {
+		return nil, err
+	}
+	if l != nil {
+		switch err := l.Err(); {
+		case errors.Is(err, ErrReleased): // handed over as the Client closed
+			c.leave(key)
+			return nil, ErrClosed
+		case err != nil: // a handoff answered too late to use: acquire afresh
+			l = nil
+		}
+	}
+	if l == nil {
+		l, attempts, err = c.acquire(ctx, cl, try)
+		if err != nil {
+			c.leave(key)
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
+// lockShared takes a shared hold for cl (a Semaphore's permit, an
+// RWMutex's read hold), with no local queue.
+func (c *Client) lockShared(ctx context.Context, cl claim, name string, try bool) (l *Lease, err error) {
+	if err := c.begin(); err != nil {
+		return nil, err
+	}
+	defer c.finish()
+	start := time.Now()
+	ctx, span := c.tel.lockSpan(ctx, name, cl.spec.key, c.owner)
+	attempts := 0
+	defer func() { c.tel.endLock(ctx, span, start, attempts, l, err) }()
+	l, attempts, err = c.acquireShared(ctx, cl, try)
+	return l, err
+}
+
+// errLateReply is the cause of a hold lost before Lock could return it: the
+// acquire was answered after the lease's local deadline. Lock retries; a
+// TryLock returns it in a *LeaseLostError.
+var errLateReply = errors.New("dlock: the acquire was answered after the lease's local deadline")
+
+// grant makes the lease of a hold that a made with token t, by a write
+// sent at sent, and has the extender keep it. When Close has begun it
+// gives the hold back in the background and returns ErrClosed; when the
+// lease has already expired (the reply came too late) it returns a
+// *LeaseLostError whose cause is errLateReply: the hold is still a's on
+// the server, which the caller's next attempt finds.
+func (c *Client) grant(cl claim, a attempt, t Token, ro role, sent time.Time) (*Lease, error) {
+	l := c.newLease(cl.lk, cl.cfg, a, t, ro, sent)
+	if c.isClosing() || !c.ext.add(l) {
+		// Won as Close began: give it back, in the background so that the
+		// call returns at once; Close waits for it.
+		l.end(ErrReleased, "")
+		ref := l.ref()
+		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
+		return nil, ErrClosed
+	}
+	if l.Err() != nil {
+		l.end(ErrReleased, "")
+		return nil, &LeaseLostError{Key: a.key, Token: t, Cause: errLateReply}
+	}
+	return l, nil
+}
+
+// waitPoll waits for the next poll of a held key: the poller's next
+// interval, or less when a watch is due sooner. It returns ctx's error or
+// ErrClosed when those come first.
+func (c *Client) waitPoll(ctx context.Context, cl claim, polls **poller, due time.Duration) error {
+	now := c.clock.Now()
+	if *polls == nil {
+		p := cl.pace.start(now, cl.cfg)
+		*polls = &p
+	}
+	d := (*polls).next()
+	if due >= 0 {
+		d = min(d, due)
+	}
+	t := c.clock.NewTimer(d)
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		t.Stop()
+		return ctx.Err()
+	case <-c.closing:
+		t.Stop()
+		return ErrClosed
+	}
+}
+
+// kindError reports a key used by another kind of primitive than cl's.
+func kindError(key, want, got string) error {
+	name := func(k string) string {
+		switch {
+		case k == "":
+			return "Mutex (or Election)"
+		case k == kindRW:
+			return "RWMutex"
+		default:
+			return "Semaphore of " + k[len("sem/"):] + " permits"
+		}
+	}
+	return fmt.Errorf("%w: %q is used as a %s, not as a %s", ErrKindMismatch, key, name(got), name(want))
+}
+
+// acquire takes the key exclusively for cl, holding this Client's slot for
+// it. It returns the lease, the number of acquire attempts, and an error
+// when ctx ended, the Client closed, the key is held (with try) or the
+// server failed in a way that waiting will not mend.
+//
+// Each poll of a held key is an acquire attempt, one command that takes the
+// key when it is free: a waiter that finds the key freed takes it in the
+// same command that found it. All the attempts of one call carry one hold
+// id, so a retry after an unanswered attempt finds that attempt's hold
+// its own. The record is read to start a watch on the holder's revision,
+// when a wait outlasts its first poll (a TryLock reads at once), again when
+// that watch says the revision may be taken over, and, while the Lock span
+// is recorded and has named fewer than maxHeldEvents holders, after the
+// failed polls numbered 1, 2, 4, 8 and so on, to name each new holder in
+// it: a traced wait of n polls spends at most log2(n) reads more. A read
+// that shows the key takeable is followed by an attempt at once, but only
+// once: if that attempt fails too (a lagging read), the next waits for the
+// poll.
+//
+// An RWMutex's writer that finds the key held registers itself in the
+// document, so that no new shared hold is taken until it has the key (or
+// gives up): a stream of readers cannot starve it. The registration is
+// kept alive by the extender like a lease, and the acquire that takes the
+// key ends it. Shared holds whose owners stopped extending them are
+// cleared by their epochs (see entryWatch).
+func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, error) {
+	a := cl.spec
+	a.owner, a.hold = c.owner, c.holds.Add(1)
+	var (
+		w        watch
+		ew       entryWatch
+		polls    *poller
+		attempts int
+		unsure   bool   // an attempt may have applied without our seeing the reply
+		rushed   bool   // this attempt followed a read at once
+		lastErr  error  // the last transient failure
+		holder   record // the last holder reported to the trace
+		events   int    // holders reported
+		reg      *Lease // an RWMutex writer's registration
+	)
+	var early Token // flawFloorBeforeCreate: the floor as read before the first attempt
+	if c.cfg.flaw == flawFloorBeforeCreate {
+		early, _ = c.store.floor(ctx)
+	}
+	tracing := trace.SpanFromContext(ctx).IsRecording()
+	giveUp := func(err error) (*Lease, int, error) {
+		if unsure {
+			c.tidy(a.ttl, func(ctx context.Context) { c.store.abandon(ctx, a) })
+		}
+		c.unregister(reg)
+		switch {
+		case ctx.Err() != nil && !errors.Is(err, ErrClosed):
+			err = ctx.Err() // not the driver's account of the cancelled command
+		case lastErr != nil && err != lastErr:
+			err = fmt.Errorf("%w (last error: %w)", err, lastErr)
+		}
+		return nil, attempts, err
+	}
+	for {
+		attempts++
+		a.registered = reg != nil
+		sent := c.clock.Now()
+		r, err := c.store.acquire(ctx, a, w.takeover(sent))
+		if err == nil && r.Raw {
+			r, err = c.raise(ctx, a, r, early)
+		}
+		switch {
+		case err == nil:
+			if c.cfg.flaw == flawDeadlineFromReply {
+				sent = c.clock.Now()
+			}
+			if reg != nil { // the acquire ended the registration
+				reg.end(ErrReleased, "")
+			}
+			l, gerr := c.grant(cl, a, r.Token, roleExclusive, sent)
+			if errors.Is(gerr, ErrClosed) {
+				return nil, attempts, ErrClosed
+			}
+			if gerr != nil {
+				// Answered too late to rely on: the hold is ours on the
+				// server, and the next attempt renews it (same hold id).
+				reg = nil
+				unsure, err = true, gerr
+				break
+			}
+			if polls != nil {
+				cl.pace.ended(polls.last, c.clock.Now())
+			}
+			return l, attempts, nil
+		case !errors.Is(err, errHeld):
+			unsure = true
+		case rushed:
+			err = nil // wait for the poll: see the doc comment
+		case (w.rev == 0 && (try || attempts > 1)) || w.takeover(c.clock.Now()) != 0 || ew.wait(c.clock.Now()) == 0 ||
+			tracing && events < maxHeldEvents && attempts&(attempts-1) == 0:
+			r, err = c.observe(ctx, a.key, &w)
+			if err == nil && r.Rev != 0 && r.Kind != a.kind {
+				return giveUp(kindError(a.key, a.kind, r.Kind))
+			}
+			if err == nil {
+				ew.observe(r, c.clock.Now())
+				if stale := ew.due(c.clock.Now(), roleShared); len(stale) > 0 {
+					// Readers that stopped extending: clear them, then try.
+					if ok, rerr := c.store.reap(ctx, a.key, 0, stale); rerr == nil && ok {
+						rushed = true
+						continue
+					}
+				}
+			}
+			if err == nil && (r.free() || w.takeover(c.clock.Now()) != 0) {
+				rushed = true
+				continue // freed meanwhile, a hold of ours no call uses, or due
+			}
+			if err == nil && events < maxHeldEvents && (r.Owner != holder.Owner || r.Token != holder.Token) {
+				c.tel.heldBy(ctx, r)
+				holder = r
+				events++
+			}
+		default:
+			err = nil
+		}
+		rushed = false
+		switch {
+		case err != nil && (try || ctx.Err() != nil || !(transient(err) || errors.Is(err, errLateReply))):
+			return giveUp(err)
+		case err != nil:
+			// Retry after the wait. A retried acquire that did apply the
+			// first time finds the key ours.
+			lastErr = err
+		case try:
+			return giveUp(errLockedElsewhere)
+		}
+		if a.kind == kindRW && (reg == nil || reg.Err() != nil) {
+			reg = c.register(ctx, cl, a)
+		}
+		due := time.Duration(-1)
+		if w.rev != 0 {
+			due = max(w.wait(c.clock.Now()), 0)
+		}
+		if d := ew.wait(c.clock.Now()); d >= 0 && (due < 0 || d < due) {
+			due = d
+		}
+		if err := c.waitPoll(ctx, cl, &polls, due); err != nil {
+			return giveUp(err)
+		}
+	}
+}
+
+// register records a (an RWMutex's writer) as waiting in its key's
+// document, and returns the registration's lease, which the extender keeps
+// alive; nil when it could not (the writer then waits unregistered, and
+// tries again at its next poll).
+func (c *Client) register(ctx context.Context, cl claim, a attempt) *Lease {
+	sent := c.clock.Now()
+	if _, err := c.store.register(ctx, a); err != nil {
+		return nil
+	}
+	reg := c.newLease(nil, cl.cfg, a, 0, roleWriter, sent)
+	reg.data = nil
+	if !c.ext.add(reg) {
+		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, reg.ref()) })
+		return nil
+	}
+	return reg
+}
+
+// unregister ends a writer's registration that its acquire did not end,
+// and removes it from the document in the background.
+func (c *Client) unregister(reg *Lease) {
+	if reg == nil || !reg.end(ErrReleased, "") {
+		return
+	}
+	ref := reg.ref()
+	c.tidy(reg.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
+}
+
+// acquireShared takes a shared hold for cl: a Semaphore's permit or an
+// RWMutex's read hold. A shared acquire is a compare-and-set on the key's
+// token counter (doc.go has why), so it is sent only when the counter is
+// known and the key looks takeable: a wait polls by reading the document,
+// one command a poll, and sends an acquire when a read shows room for it.
+// An uncontended shared acquire whose counter the primitive knows is one
+// command; the first of a primitive, two (a read, then the acquire).
+//
+// A read that shows a hold of this very call (an attempt whose reply was
+// lost) takes it. Holds and writers' registrations that block the call and
+// whose owners stopped extending them are cleared by their epochs, and a
+// document whose revision stood still for a TTL is cleared whole (every
+// hold in it has ended), both by writes conditional on what was read.
+func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease, int, error) {
+	a := cl.spec
+	a.owner, a.hold = c.owner, c.holds.Add(1)
+	var (
+		w        watch
+		ew       entryWatch
+		polls    *poller
+		attempts int
+		unsure   bool  // an attempt may have applied without our seeing the reply
+		lastErr  error // the last transient failure
+	)
+	var early Token
+	if c.cfg.flaw == flawFloorBeforeCreate {
+		early, _ = c.store.floor(ctx)
+	}
+	giveUp := func(err error) (*Lease, int, error) {
+		if unsure {
+			c.tidy(a.ttl, func(ctx context.Context) { c.store.abandon(ctx, a) })
+		}
+		switch {
+		case ctx.Err() != nil && !errors.Is(err, ErrClosed):
+			err = ctx.Err()
+		case lastErr != nil && err != lastErr:
+			err = fmt.Errorf("%w (last error: %w)", err, lastErr)
+		}
+		return nil, attempts, err
+	}
+	// take makes the lease of the hold a has in r, raising it first if r is raw.
+	take := func(r record, sent time.Time) (*Lease, error) {
+		var err error
+		if r.Raw {
+			if r, err = c.raise(ctx, a, r, early); err != nil {
+				return nil, err
+			}
+		}
+		cl.seen.set(r.Token)
+		if c.cfg.flaw == flawDeadlineFromReply {
+			sent = c.clock.Now()
+		}
+		return c.grant(cl, a, r.Shared[a.holdKey()].Token, roleShared, sent)
+	}
+	var known bool
+	a.token, known = cl.seen.get()
+	ready, afterRead := known, false
+	var firstSent time.Time // when the first attempt whose outcome is unknown was sent
+	for {
+		var err error
+		read := !ready
+		if ready {
+			attempts++
+			sent := c.clock.Now()
+			var r record
+			r, err = c.store.acquire(ctx, a, 0)
+			if err == nil {
+				var l *Lease
+				if l, err = take(r, sent); err == nil {
+					if polls != nil {
+						cl.pace.ended(polls.last, c.clock.Now())
+					}
+					return l, attempts, nil
+				}
+				if errors.Is(err, ErrClosed) {
+					return nil, attempts, ErrClosed
+				}
+			}
+			switch {
+			case errors.Is(err, errHeld) && !afterRead:
+				err, read = nil, true // a stale counter, or taken meanwhile: read at once
+			case errors.Is(err, errHeld):
+				err = nil // the read that sent it lagged: wait for the poll
+			default:
+				if !unsure {
+					unsure, firstSent = true, sent
+				}
+			}
+		}
+		ready, afterRead = false, false
+		if read {
+			var r record
+			r, err = c.store.read(ctx, a.key)
+			now := c.clock.Now()
+			switch {
+			case err != nil:
+			case r.Rev != 0 && r.Kind != a.kind:
+				return giveUp(kindError(a.key, a.kind, r.Kind))
+			case r.Shared[a.holdKey()].Owner != "":
+				// An earlier attempt of this call applied: the hold counts
+				// from when the first attempt that may have made it was sent.
+				l, terr := take(r, firstSent)
+				switch {
+				case terr == nil:
+					return l, attempts, nil
+				case errors.Is(terr, ErrClosed):
+					return nil, attempts, ErrClosed
+				}
+				// Too late to rely on, or its raise failed: give it back, and
+				// go on with a new hold id.
+				old := a
+				c.tidy(a.ttl, func(ctx context.Context) { c.store.abandon(ctx, old) })
+				a.hold, unsure, err = c.holds.Add(1), false, terr
+			default:
+				a.token = r.Token
+				cl.seen.set(r.Token)
+				if r.sharable(a) {
+					ready, afterRead = true, true
+					continue
+				}
+				w.observe(r, now, -1)
+				ew.observe(r, now)
+				blockers := []role{roleWriter}
+				if len(r.Shared) >= a.limit {
+					blockers = append(blockers, roleShared)
+				}
+				if rev := w.takeover(now); rev != 0 {
+					if ok, rerr := c.store.reap(ctx, a.key, rev, nil); rerr == nil && ok {
+						continue // cleared: read again at once
+					}
+				} else if stale := ew.due(now, blockers...); len(stale) > 0 {
+					if ok, rerr := c.store.reap(ctx, a.key, 0, stale); rerr == nil && ok {
+						continue
+					}
+				}
+			}
+		}
+		switch {
+		case err != nil && (try || ctx.Err() != nil || !(transient(err) || errors.Is(err, errLateReply))):
+			return giveUp(err)
+		case err != nil:
+			lastErr = err
+		case try:
+			return giveUp(errLockedElsewhere)
+		}
+		due := time.Duration(-1)
+		if w.rev != 0 {
+			due = max(w.wait(c.clock.Now()), 0)
+		}
+		if d := ew.wait(c.clock.Now()); d >= 0 && (due < 0 || d < due) {
+			due = d
+		}
+		if err := c.waitPoll(ctx, cl, &polls, due); err != nil {
+			return giveUp(err)
+		}
+	}
+}
+
+// sharable reports whether r takes a shared hold of attempt a now: no
+// exclusive holder, room under the limit, no writer registered, and not a
+// raw document that someone else has joined already.
+func (r record) sharable(a attempt) bool {
+	return r.Owner == "" && len(r.Shared) < a.limit && len(r.Writers) == 0 && !(r.Raw && len(r.Shared) > 0)
+}
+
+// raise gives the hold that attempt a has in r, a record it found raw
+// (created by an acquire, its own or one whose creator stopped before
+// raising it), a token above the collection's floor: it reads the floor,
+// after the reply that showed r, so after the record was created, and
+// raises the hold's token above it. doc.go has the argument. When the hold
+// is no longer a's (taken over while this call paused) it reports errHeld;
+// when the outcome is unknown, the hold may be a's, raw, which the next
+// attempt, with the same hold id, finds and raises.
+func (c *Client) raise(ctx context.Context, a attempt, r record, early Token) (record, error) {
+	f, err := c.store.floor(ctx)
+	if err != nil {
+		return record{}, err
+	}
+	if c.cfg.flaw == flawFloorBeforeCreate {
+		f = early
+	}
+	a.token = r.Token
+	r, err = c.store.raise(ctx, a, f)
+	if errors.Is(err, errNotOwner) {
+		err = errHeld
+	}
+	return r, err
+}
+
+// An entryWatch is a waiter's view of the entries (shared holds and
+// writers' registrations) of a record: each entry's epoch and, on the
+// waiter's clock, when it may be cleared if its epoch has not changed.
+// That is the rule of watch, applied per entry: an owner's extension
+// increments its entry's epoch, so an epoch unchanged for the entry's TTL
+// since the waiter's read arrived means its owner relies on it no more.
+type entryWatch struct {
+	seen map[string]watchedEntry
+}
+
+type watchedEntry struct {
+	role     role
+	key      string
+	epoch    int64
+	token    Token
+	deadline time.Time
+}
+
+// observe records r's entries, read at now.
+func (ew *entryWatch) observe(r record, now time.Time) {
+	next := make(map[string]watchedEntry, len(r.Shared)+len(r.Writers))
+	for _, ro := range []role{roleShared, roleWriter} {
+		for k, e := range r.entries(ro) {
+			id := string(rune('0'+ro)) + k
+			old, ok := ew.seen[id]
+			if !ok || old.epoch != e.Epoch || old.token != e.Token {
+				old = watchedEntry{role: ro, key: k, epoch: e.Epoch, token: e.Token, deadline: now.Add(e.TTL)}
+			}
+			next[id] = old
+		}
+	}
+	ew.seen = next
+}
+
+// due returns the watched entries of the given roles that may be cleared at now.
+func (ew *entryWatch) due(now time.Time, roles ...role) []staleEntry {
+	var stale []staleEntry
+	for _, e := range ew.seen {
+		for _, ro := range roles {
+			if e.role == ro && !now.Before(e.deadline) {
+				stale = append(stale, staleEntry{role: e.role, key: e.key, epoch: e.epoch})
+			}
+		}
+	}
+	return stale
+}
+
+// wait is how long from now until the first watched entry may be cleared,
+// or -1 when none is watched.
+func (ew *entryWatch) wait(now time.Time) time.Duration {
+	d := time.Duration(-1)
+	for _, e := range ew.seen {
+		if left := max(e.deadline.Sub(now), 0); d < 0 || left < d {
+			d = left
+		}
+	}
+	return d
+}
+
+// observe reads key's record into w. A hold of this Client's that no
+// call of it uses (an earlier attempt's, whose Lock gave up before its
+// reply came, or a lease that was lost) may be taken over at once: this
+// call holds the Client's slot for the key, so no other call of it relies
+// on that hold. With [WithServerClockTakeover], when the record's revision
+// is new to w, it also estimates the server's clock (reading it when the
+// last reading is over a TTL old), so that a record written long ago by the
+// server's clock can be taken over without waiting a further TTL.
+func (c *Client) observe(ctx context.Context, key string, w *watch) (record, error) {
+	r, err := c.store.read(ctx, key)
+	if err != nil || r.free() {
+		return r, err
+	}
+	if r.Owner == c.owner {
+		w.orphan(r, c.clock.Now())
+		return r, nil
+	}
+	elapsed := time.Duration(-1)
+	if c.cfg.flaw == flawWallClockExpiry {
+		elapsed = c.clock.Now().Sub(r.At) // our wall clock against the server's: unsound
+	}
+	if r.Rev != w.rev && c.serverClock.reported() {
+		now, ok := c.serverClock.estimate(c.clock.Now(), r.TTL)
+		if !ok {
+			sent := c.clock.Now()
+			switch t, reported, err := c.store.serverTime(ctx); {
+			case err != nil:
+				// Not fatal: wait a full TTL on our own clock instead.
+			case !reported:
+				c.serverClock.markUnsupported()
+			default:
+				now, ok = c.serverClock.record(t, sent, c.clock.Now())
+			}
+		}
+		if ok {
+			elapsed = now.Sub(r.At)
+		}
+	}
+	w.observe(r, c.clock.Now(), elapsed)
+	return r, nil
+}
