@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-
 )
 
 // A Mutex is a distributed mutual exclusion lock on one key: at most one
