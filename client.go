@@ -35,10 +35,11 @@ type Client struct {
 	holds atomic.Int64 // the last hold id handed out (see attempt)
 
 	mu      sync.Mutex
-	slots   map[string]*slot // guarded by mu
-	closing chan struct{}    // closed by Close
-	calls   tracker          // guarded by mu: Lock, TryLock and Release calls under way; closed by Close
-	tidying tracker          // guarded by mu: background clean-up writes under way
+	slots   map[string]*slot    // guarded by mu
+	readers map[string]*readers // guarded by mu: RWMutex shared holds by key
+	closing chan struct{}       // closed by Close
+	calls   tracker             // guarded by mu: Lock, TryLock and Release calls under way; closed by Close
+	tidying tracker             // guarded by mu: background clean-up writes under way
 
 	tidyCtx    context.Context // parent of the clean-up writes; cancelled by Close
 	tidyCancel context.CancelFunc
@@ -129,7 +130,7 @@ func newClientOn(newStore func(*telemetry) store, opts ...Option) (*Client, erro
 	}
 	c := &Client{
 		cfg: cfg, owner: cfg.owner, clock: cfg.clock, tel: tel,
-		slots: map[string]*slot{}, closing: make(chan struct{}),
+		slots: map[string]*slot{}, readers: map[string]*readers{}, closing: make(chan struct{}),
 	}
 	c.tidyCtx, c.tidyCancel = context.WithCancel(context.Background())
 	c.store = newStore(tel)

@@ -1,0 +1,50 @@
+package dlock
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+)
+
+// A Holder is one hold of a key, as [Client.Holders] reads it.
+type Holder struct {
+	Owner  string // the holder's Client ([Client.Owner])
+	Token  Token  // the hold's fencing token
+	Data   []byte // what the holder stored with it ([WithData]), or nil
+	Shared bool   // a shared (read) hold or a Semaphore permit
+}
+
+// Holders returns who holds key, as one read of its document shows it, and
+// acquires nothing: the exclusive holder, or the shared holders in the
+// order of their tokens; none when the key is free. A hold whose holder
+// crashed is shown until another Client takes the key over or clears it
+// (at most a TTL after a waiter first saw it), so the list may name a
+// holder that no longer relies on its hold; a hold is being acquired may
+// show a token that is then raised, once, above the collection's floor
+// (see [Client.Prune]).
+func (c *Client) Holders(ctx context.Context, key string) ([]Holder, error) {
+	if c == nil {
+		return nil, ErrNoClient
+	}
+	if err := validKey(key); err != nil {
+		return nil, err
+	}
+	if err := c.begin(); err != nil {
+		return nil, fmt.Errorf("dlock: holders of %q: %w", key, err)
+	}
+	defer c.finish()
+	r, err := c.store.read(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	var hs []Holder
+	if r.Owner != "" {
+		hs = append(hs, Holder{Owner: r.Owner, Token: r.Token, Data: r.Data})
+	}
+	for _, e := range r.Shared {
+		hs = append(hs, Holder{Owner: e.Owner, Token: e.Token, Data: e.Data, Shared: true})
+	}
+	slices.SortFunc(hs, func(a, b Holder) int { return cmp.Compare(a.Token, b.Token) })
+	return hs, nil
+}

@@ -1,0 +1,177 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Issue 14: at most n permits at once across Clients; TryAcquire says
+// ErrLocked when all are held; each permit has its own token from the
+// key's one counter; Holders shows them, with their data.
+func TestSemaphore(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, sp space) {
+		ctx := context.Background()
+		var leases []*Lease
+		for i := range 3 {
+			c := sp.client(t)
+			l, err := c.NewSemaphore("s", 3, WithData([]byte{byte('a' + i)})).Acquire(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, []byte{byte('a' + i)}, l.Data())
+			if len(leases) > 0 {
+				assert.Greater(t, l.Token(), leases[len(leases)-1].Token(), "each permit a token of its own, increasing")
+			}
+			leases = append(leases, l)
+		}
+		c := sp.client(t)
+		s := c.NewSemaphore("s", 3)
+		_, err := s.TryAcquire(ctx)
+		assert.ErrorIs(t, err, ErrLocked, "all 3 permits are held")
+
+		hs, err := c.Holders(ctx, "s")
+		require.NoError(t, err)
+		require.Len(t, hs, 3)
+		for i, h := range hs {
+			assert.Equal(t, Holder{Owner: leases[i].c.Owner(), Token: leases[i].Token(), Data: []byte{byte('a' + i)}, Shared: true}, h)
+		}
+
+		require.NoError(t, leases[1].Release(ctx))
+		l, err := s.TryAcquire(ctx)
+		require.NoError(t, err, "a permit was given back")
+		assert.Greater(t, l.Token(), leases[2].Token())
+		require.NoError(t, l.Release(ctx))
+		require.NoError(t, leases[0].Release(ctx))
+		require.NoError(t, leases[2].Release(ctx))
+		hs, err = c.Holders(ctx, "s")
+		require.NoError(t, err)
+		assert.Empty(t, hs, "all given back")
+	})
+}
+
+// Issue 14: never more than n permits held, under contention from several
+// Clients and goroutines, and all n in use at some point.
+func TestSemaphoreLimit(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, sp space) {
+		ctx := context.Background()
+		const n, workers, rounds = 2, 6, 8
+		var inUse, most atomic.Int32
+		var wg sync.WaitGroup
+		var last sync.Map
+		for i := range workers {
+			c := sp.client(t, WithBackoff(time.Millisecond, 5*time.Millisecond))
+			s := c.NewSemaphore("s", n)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range rounds {
+					l, err := s.Acquire(ctx)
+					if !assert.NoError(t, err) {
+						return
+					}
+					now := inUse.Add(1)
+					for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+					}
+					assert.LessOrEqual(t, now, int32(n), "permits held at once")
+					last.Store(i, l.Token())
+					time.Sleep(time.Millisecond) // work while holding: lets holds overlap
+					inUse.Add(-1)
+					assert.NoError(t, l.Release(ctx))
+				}
+			}()
+		}
+		wg.Wait()
+		t.Logf("most permits in use at once: %d", most.Load())
+
+		// And n can be held at once: n Clients each hold one until all do.
+		var all sync.WaitGroup
+		all.Add(n)
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				l, err := sp.client(t).NewSemaphore("s", n).Acquire(ctx)
+				all.Done()
+				if assert.NoError(t, err) {
+					all.Wait() // the others hold theirs too
+					assert.NoError(t, l.Release(ctx))
+				}
+			}()
+		}
+		wg.Wait()
+	})
+}
+
+// Issue 14: every Client using a key must agree on the kind and on n.
+func TestKindMismatch(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, sp space) {
+		ctx := context.Background()
+		c := sp.client(t, WithBackoff(time.Millisecond, 2*time.Millisecond))
+		l, err := c.NewSemaphore("s", 3).Acquire(ctx)
+		require.NoError(t, err)
+		_, err = c.NewSemaphore("s", 4).Acquire(ctx)
+		assert.ErrorIs(t, err, ErrKindMismatch, "another n")
+		assert.ErrorContains(t, err, "Semaphore of 3 permits")
+		_, err = c.NewSemaphore("s", 4).TryAcquire(ctx)
+		assert.ErrorIs(t, err, ErrKindMismatch, "another n, TryAcquire")
+		assert.ErrorIs(t, c.NewMutex("s").Lock(ctx), ErrKindMismatch, "a Mutex on a Semaphore's key")
+		assert.ErrorIs(t, c.NewRWMutex("s").RLock(ctx), ErrKindMismatch, "an RWMutex on a Semaphore's key")
+		require.NoError(t, l.Release(ctx))
+		_, err = c.NewSemaphore("s", 4).Acquire(ctx)
+		assert.ErrorIs(t, err, ErrKindMismatch, "also while the key is free")
+
+		m := c.NewMutex("m")
+		require.NoError(t, m.Lock(ctx))
+		require.NoError(t, m.Unlock(ctx))
+		_, err = c.NewSemaphore("m", 2).Acquire(ctx)
+		assert.ErrorIs(t, err, ErrKindMismatch, "a Semaphore on a Mutex's key")
+		assert.ErrorIs(t, c.NewRWMutex("m").Lock(ctx), ErrKindMismatch, "an RWMutex on a Mutex's key")
+
+		_, err = c.NewSemaphore("x", 0).Acquire(ctx)
+		assert.ErrorIs(t, err, ErrInvalidOption)
+		_, err = c.NewSemaphore("x", MaxPermits+1).Acquire(ctx)
+		assert.ErrorIs(t, err, ErrInvalidOption)
+		_, err = c.NewSemaphore("x", 1, WithData(make([]byte, MaxDataLen+1))).Acquire(ctx)
+		assert.ErrorIs(t, err, ErrInvalidOption)
+		_, err = (&Semaphore{}).Acquire(ctx)
+		assert.ErrorIs(t, err, ErrNoClient)
+	})
+}
+
+// Issue 14: a permit whose holder is cut off is free again once its TTL
+// has passed, and its holder learns of the loss first.
+func TestSemaphoreCrashedHolder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		ctx := context.Background()
+		link := &memLink{memStore: st}
+		holder, err := newClientOn(func(*telemetry) store { return link }, WithTTL(time.Second))
+		require.NoError(t, err)
+		defer holder.Close(ctx)
+		l, err := holder.NewSemaphore("s", 1).Acquire(ctx)
+		require.NoError(t, err)
+		link.down.Store(true) // cut off: its extensions fail from now on
+
+		c, _ := memClient(t, st, WithTTL(time.Second))
+		start := time.Now()
+		l2, err := c.NewSemaphore("s", 1).Acquire(ctx)
+		require.NoError(t, err)
+		waited := time.Since(start)
+		assert.ErrorIs(t, l.Err(), ErrLeaseLost, "the cut-off holder's permit ended before the next one began")
+		select {
+		case <-l.Lost():
+		default:
+			t.Error("Lost not closed")
+		}
+		assert.LessOrEqual(t, waited, 2*time.Second+DefaultMaxBackoff, "free within a TTL of being seen, plus a poll")
+		assert.Greater(t, l2.Token(), l.Token())
+		require.NoError(t, l2.Release(ctx))
+		assert.True(t, errors.Is(l.Release(ctx), ErrLeaseLost))
+	})
+}
