@@ -212,7 +212,7 @@ func TestFerretDBv2Replies(t *testing.T) {
 	coll := startAckServer(t, &ackServer{ferretV2: true})
 	ctx := context.Background()
 	s := newMongoStore(coll, func(context.Context, int) {})
-	_, err := s.acquire(ctx, attempt{key: "k", owner: "me", hold: 1, ttl: time.Second}, 0)
+	_, err := s.acquire(ctx, attempt{key: "k", owner: "me", hold: 1, ttl: time.Second}, stamp{})
 	require.ErrorIs(t, err, errHeld)
 	n, err := s.batchLimit(ctx, 1000)
 	require.NoError(t, err)

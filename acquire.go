@@ -242,6 +242,7 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 		}
 		return nil, attempts, err
 	}
+	ew.hasty = c.cfg.flaw == flawReapLive
 	for {
 		attempts++
 		a.registered = reg != nil
@@ -277,23 +278,23 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 			unsure = true
 		case rushed:
 			err = nil // wait for the poll: see the doc comment
-		case (w.rev == 0 && (try || attempts > 1)) || w.takeover(c.clock.Now()) != 0 || ew.wait(c.clock.Now()) == 0 ||
+		case (w.rev == 0 && (try || attempts > 1)) || w.takeover(c.clock.Now()).rev != 0 || ew.wait(c.clock.Now()) == 0 ||
 			tracing && events < maxHeldEvents && attempts&(attempts-1) == 0:
 			r, err = c.observe(ctx, a.key, &w)
 			if err == nil && r.Rev != 0 && r.Kind != a.kind {
 				return giveUp(kindError(a.key, a.kind, r.Kind))
 			}
 			if err == nil {
-				ew.observe(r, c.clock.Now())
-				if stale := ew.due(c.clock.Now(), roleShared); len(stale) > 0 {
+				ew.observe(r, c.clock.Now(), roleShared) // readers block a writer; other writers' registrations do not
+				if stale := ew.due(c.clock.Now()); len(stale) > 0 {
 					// Readers that stopped extending: clear them, then try.
-					if ok, rerr := c.store.reap(ctx, a.key, 0, stale); rerr == nil && ok {
+					if ok, rerr := c.store.reap(ctx, a.key, stamp{}, stale); rerr == nil && ok {
 						rushed = true
 						continue
 					}
 				}
 			}
-			if err == nil && (r.free() || w.takeover(c.clock.Now()) != 0) {
+			if err == nil && (r.free() || w.takeover(c.clock.Now()).rev != 0) {
 				rushed = true
 				continue // freed meanwhile, a hold of ours no call uses, or due
 			}
@@ -316,7 +317,7 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 		case try:
 			return giveUp(errLockedElsewhere)
 		}
-		if a.kind == kindRW && (reg == nil || reg.Err() != nil) {
+		if a.kind == kindRW && (reg == nil || reg.Err() != nil) && c.cfg.flaw != flawNoWriterRegistration {
 			reg = c.register(ctx, cl, a)
 		}
 		due := time.Duration(-1)
@@ -414,8 +415,12 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 		}
 		return c.grant(cl, a, r.Shared[a.holdKey()].Token, roleShared, sent)
 	}
+	if c.cfg.flaw == flawSharedOverLimit {
+		a.limit++
+	}
 	var known bool
 	a.token, known = cl.seen.get()
+	ew.hasty = c.cfg.flaw == flawReapLive
 	ready, afterRead := known, false
 	var firstSent time.Time // when the first attempt whose outcome is unknown was sent
 	for {
@@ -425,7 +430,7 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 			attempts++
 			sent := c.clock.Now()
 			var r record
-			r, err = c.store.acquire(ctx, a, 0)
+			r, err = c.store.acquire(ctx, a, stamp{})
 			if err == nil {
 				var l *Lease
 				if l, err = take(r, sent); err == nil {
@@ -481,17 +486,17 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 					continue
 				}
 				w.observe(r, now, -1)
-				ew.observe(r, now)
-				blockers := []role{roleWriter}
+				blockers := []role{roleWriter} // a registered writer blocks new shared holds
 				if len(r.Shared) >= a.limit {
-					blockers = append(blockers, roleShared)
+					blockers = append(blockers, roleShared) // and so does a full Semaphore
 				}
-				if rev := w.takeover(now); rev != 0 {
-					if ok, rerr := c.store.reap(ctx, a.key, rev, nil); rerr == nil && ok {
+				ew.observe(r, now, blockers...)
+				if at := w.takeover(now); at.rev != 0 {
+					if ok, rerr := c.store.reap(ctx, a.key, at, nil); rerr == nil && ok {
 						continue // cleared: read again at once
 					}
-				} else if stale := ew.due(now, blockers...); len(stale) > 0 {
-					if ok, rerr := c.store.reap(ctx, a.key, 0, stale); rerr == nil && ok {
+				} else if stale := ew.due(now); len(stale) > 0 {
+					if ok, rerr := c.store.reap(ctx, a.key, stamp{}, stale); rerr == nil && ok {
 						continue
 					}
 				}
@@ -556,7 +561,8 @@ func (c *Client) raise(ctx context.Context, a attempt, r record, early Token) (r
 // increments its entry's epoch, so an epoch unchanged for the entry's TTL
 // since the waiter's read arrived means its owner relies on it no more.
 type entryWatch struct {
-	seen map[string]watchedEntry
+	seen  map[string]watchedEntry
+	hasty bool // flawReapLive: entries are due at once
 }
 
 type watchedEntry struct {
@@ -567,15 +573,19 @@ type watchedEntry struct {
 	deadline time.Time
 }
 
-// observe records r's entries, read at now.
-func (ew *entryWatch) observe(r record, now time.Time) {
+// observe records r's entries of the given roles (those that block the
+// waiter), read at now; it forgets every other entry.
+func (ew *entryWatch) observe(r record, now time.Time, roles ...role) {
 	next := make(map[string]watchedEntry, len(r.Shared)+len(r.Writers))
-	for _, ro := range []role{roleShared, roleWriter} {
+	for _, ro := range roles {
 		for k, e := range r.entries(ro) {
 			id := string(rune('0'+ro)) + k
 			old, ok := ew.seen[id]
 			if !ok || old.epoch != e.Epoch || old.token != e.Token {
 				old = watchedEntry{role: ro, key: k, epoch: e.Epoch, token: e.Token, deadline: now.Add(e.TTL)}
+				if ew.hasty {
+					old.deadline = now
+				}
 			}
 			next[id] = old
 		}
@@ -583,14 +593,12 @@ func (ew *entryWatch) observe(r record, now time.Time) {
 	ew.seen = next
 }
 
-// due returns the watched entries of the given roles that may be cleared at now.
-func (ew *entryWatch) due(now time.Time, roles ...role) []staleEntry {
+// due returns the watched entries that may be cleared at now.
+func (ew *entryWatch) due(now time.Time) []staleEntry {
 	var stale []staleEntry
 	for _, e := range ew.seen {
-		for _, ro := range roles {
-			if e.role == ro && !now.Before(e.deadline) {
-				stale = append(stale, staleEntry{role: e.role, key: e.key, epoch: e.epoch})
-			}
+		if !now.Before(e.deadline) {
+			stale = append(stale, staleEntry{role: e.role, key: e.key, epoch: e.epoch, token: e.token})
 		}
 	}
 	return stale

@@ -53,7 +53,7 @@ func (h *hooked) run(ctx context.Context, op string, call func() error) error {
 	return f(ctx, call)
 }
 
-func (h *hooked) acquire(ctx context.Context, a attempt, takeover int64) (r record, err error) {
+func (h *hooked) acquire(ctx context.Context, a attempt, takeover stamp) (r record, err error) {
 	err = h.run(ctx, "acquire", func() (err error) { r, err = h.store.acquire(ctx, a, takeover); return err })
 	return r, err
 }
@@ -114,8 +114,8 @@ func (h *hooked) register(ctx context.Context, a attempt) (r record, err error) 
 	return r, err
 }
 
-func (h *hooked) reap(ctx context.Context, key string, rev int64, stale []staleEntry) (ok bool, err error) {
-	err = h.run(ctx, "reap", func() (err error) { ok, err = h.store.reap(ctx, key, rev, stale); return err })
+func (h *hooked) reap(ctx context.Context, key string, at stamp, stale []staleEntry) (ok bool, err error) {
+	err = h.run(ctx, "reap", func() (err error) { ok, err = h.store.reap(ctx, key, at, stale); return err })
 	return ok, err
 }
 

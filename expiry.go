@@ -48,7 +48,8 @@ func takeoverWait(ttl, serverElapsed time.Duration) time.Duration {
 // A watch is a waiter's view of a key held by someone else: the revision it
 // saw and, on its own clock, when that revision may be taken over.
 type watch struct {
-	rev      int64
+	at       stamp // the state watched: revision and token (see stamp)
+	rev      int64 // at.rev: 0 when nothing is watched
 	deadline time.Time
 }
 
@@ -56,23 +57,23 @@ type watch struct {
 // the server's time since rec was written, or negative when unknown.
 func (w *watch) observe(rec record, now time.Time, serverElapsed time.Duration) {
 	d := now.Add(takeoverWait(rec.maxTTL(), serverElapsed))
-	if rec.Rev != w.rev || d.Before(w.deadline) {
-		w.rev, w.deadline = rec.Rev, d
+	if s := (stamp{rec.Rev, rec.Token}); s != w.at || d.Before(w.deadline) {
+		w.at, w.rev, w.deadline = s, rec.Rev, d
 	}
 }
 
 // orphan records an observation, received at now, of a hold of this
 // Client's that no call of it relies on: it may be taken over at once.
 func (w *watch) orphan(rec record, now time.Time) {
-	w.rev, w.deadline = rec.Rev, now
+	w.at, w.rev, w.deadline = stamp{rec.Rev, rec.Token}, rec.Rev, now
 }
 
-// takeover is the revision that may be taken over at now, or 0 for none.
-func (w *watch) takeover(now time.Time) int64 {
+// takeover is the state that may be taken over at now, or the zero stamp.
+func (w *watch) takeover(now time.Time) stamp {
 	if w.rev == 0 || now.Before(w.deadline) {
-		return 0
+		return stamp{}
 	}
-	return w.rev
+	return w.at
 }
 
 // wait is how long from now until the watched revision may be taken over.

@@ -111,7 +111,7 @@ func TestLockCancelled(t *testing.T) {
 		c := free.client(t)
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
-		_, err := c.store.acquire(cctx, attempt{key: "x", owner: c.owner, hold: 1, ttl: time.Minute}, 0)
+		_, err := c.store.acquire(cctx, attempt{key: "x", owner: c.owner, hold: 1, ttl: time.Minute}, stamp{})
 		require.ErrorIs(t, err, context.Canceled)
 		m := c.NewMutex("y")
 		cctx, cancel = context.WithCancel(ctx)
@@ -131,7 +131,7 @@ type cancelAfterAcquire struct {
 	cancel context.CancelFunc
 }
 
-func (s *cancelAfterAcquire) acquire(ctx context.Context, a attempt, takeover int64) (record, error) {
+func (s *cancelAfterAcquire) acquire(ctx context.Context, a attempt, takeover stamp) (record, error) {
 	if _, err := s.store.acquire(ctx, a, takeover); err != nil {
 		return record{}, err
 	}

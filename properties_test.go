@@ -171,9 +171,9 @@ func (s *simWorld) serverNow() time.Time { return s.server.at(s.now) }
 
 // The store's writes, as store_mongo.go makes them.
 
-func (s *simWorld) applyAcquire(owner string, takeover int64, clientWall time.Time) (record, bool) {
+func (s *simWorld) applyAcquire(owner string, takeover stamp, clientWall time.Time) (record, bool) {
 	d := s.doc
-	ok := !s.exists || d.free() || d.Owner == owner || takeover != 0 && d.Rev == takeover
+	ok := !s.exists || d.free() || d.Owner == owner || d.at(takeover)
 	if s.flaw == wallClockExpiry && s.exists && !d.free() && d.Owner != owner {
 		ok = clientWall.After(s.expiry)
 	}
@@ -213,7 +213,7 @@ func (s *simWorld) attempt(c *simClient) {
 	wall, owner := sentAt, c.owner // a request carries what it was sent with
 	s.request(c, func() any {
 		r, ok := s.applyAcquire(owner, takeover, wall)
-		s.logf("server: acquire by %s (takeover %d): %v, doc %+v", owner, takeover, ok, s.doc)
+		s.logf("server: acquire by %s (takeover %v): %v, doc %+v", owner, takeover, ok, s.doc)
 		if !ok {
 			return nil
 		}
@@ -245,7 +245,7 @@ func (s *simWorld) observe(c *simClient) {
 			credit = st.Sub(r.At)
 		}
 		c.w.observe(r, s.local(c), credit)
-		if s.flaw == wallClockExpiry || c.w.takeover(s.local(c)) != 0 {
+		if s.flaw == wallClockExpiry || c.w.takeover(s.local(c)).rev != 0 {
 			s.attempt(c)
 			return
 		}

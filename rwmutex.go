@@ -261,11 +261,18 @@ func (rw *RWMutex) rlock(ctx context.Context, name string, try bool) error {
 			rs.pending = nil
 			close(mine)
 		}
-		if err == nil {
-			rs.holds = append(rs.holds, &readHold{l: l, n: 1, joinUntil: l.acquired.Add(l.every)})
-		}
 		if len(rs.holds) == 0 && rs.pending == nil && c.readers[rw.key] == rs {
 			delete(c.readers, rw.key)
+		}
+		if err == nil {
+			// rs may have left the map meanwhile (a TryRLock does not
+			// mark itself pending): add the hold to the current one.
+			cur := c.readers[rw.key]
+			if cur == nil {
+				cur = &readers{}
+				c.readers[rw.key] = cur
+			}
+			cur.holds = append(cur.holds, &readHold{l: l, n: 1, joinUntil: l.acquired.Add(l.every)})
 		}
 		c.mu.Unlock()
 		if err != nil {

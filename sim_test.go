@@ -106,7 +106,7 @@ func send[T any](l *simLink, ctx context.Context, apply func(ctx context.Context
 			time.Sleep(f.up)
 			v, err := apply(context.Background()) // the server does not see the caller's ctx
 			if simTrace {
-				fmt.Printf("%v %s: %+v %v\n", time.Since(time.Unix(946684800, 0)), l.name, v, err)
+				fmt.Printf("%v %s: %T %+v %v\n", time.Since(time.Unix(946684800, 0)), l.name, apply, v, err)
 			}
 			if f.lostReply {
 				return
@@ -143,7 +143,7 @@ func (l *simLink) crash() {
 	l.mu.Unlock()
 }
 
-func (l *simLink) acquire(ctx context.Context, a attempt, takeover int64) (record, error) {
+func (l *simLink) acquire(ctx context.Context, a attempt, takeover stamp) (record, error) {
 	sent := time.Now()
 	return send(l, ctx, func(ctx context.Context) (record, error) {
 		r, err := l.st.acquire(ctx, a, takeover)
@@ -208,8 +208,8 @@ func (l *simLink) register(ctx context.Context, a attempt) (record, error) {
 	return send(l, ctx, func(ctx context.Context) (record, error) { return l.st.register(ctx, a) })
 }
 
-func (l *simLink) reap(ctx context.Context, key string, rev int64, stale []staleEntry) (bool, error) {
-	return send(l, ctx, func(ctx context.Context) (bool, error) { return l.st.reap(ctx, key, rev, stale) })
+func (l *simLink) reap(ctx context.Context, key string, at stamp, stale []staleEntry) (bool, error) {
+	return send(l, ctx, func(ctx context.Context) (bool, error) { return l.st.reap(ctx, key, at, stale) })
 }
 
 func (l *simLink) floor(ctx context.Context) (Token, error) {
@@ -285,6 +285,7 @@ type simOp struct {
 	cut     time.Duration // a partition that starts as soon as it holds
 	unlock  time.Duration // the Unlock's ctx: a short one leaves the release in flight
 	prune   bool          // the Client prunes (idle 0) after its Unlock
+	read    bool          // simRW: RLock rather than Lock
 }
 
 type simClientPlan struct {
@@ -294,11 +295,24 @@ type simClientPlan struct {
 	ops     []simOp
 	closeAt time.Duration // Close is called then (0: at the end)
 	cuts    [][2]time.Duration
-	mutexes int // Mutex values it locks through (local queue, handoff)
+	mutexes int // Mutex (RWMutex, Semaphore) values it locks through (local queue, handoff, shared reads)
 }
+
+// A simMode is the primitive a run locks its key with.
+type simMode int
+
+const (
+	simMutex simMode = iota
+	simRW            // an RWMutex: each op reads or writes
+	simSem           // a Semaphore of simPermits
+	simAny           // drawn (not a mode of a plan)
+)
+
+const simPermits = 2
 
 // simPlan is one run, drawn before it starts.
 type simPlan struct {
+	mode    simMode
 	clients []simClientPlan
 	steps   []time.Duration // when the server's wall clock steps
 	stepBy  []time.Duration
@@ -312,7 +326,7 @@ type simPrune struct {
 	idle   time.Duration
 }
 
-func drawSimPlan(t *rapid.T, drift float64) simPlan {
+func drawSimPlan(t *rapid.T, drift float64, mode simMode) simPlan {
 	dur := func(label string, lo, hi time.Duration) time.Duration {
 		return time.Duration(rapid.Int64Range(int64(lo), int64(hi)).Draw(t, label))
 	}
@@ -322,6 +336,10 @@ func drawSimPlan(t *rapid.T, drift float64) simPlan {
 		return rapid.SampledFrom(ds).Draw(t, label)
 	}
 	var p simPlan
+	p.mode = mode
+	if mode == simAny {
+		p.mode = simMode(rapid.IntRange(0, 2).Draw(t, "mode"))
+	}
 	n := rapid.IntRange(2, 6).Draw(t, "clients")
 	for range n {
 		c := simClientPlan{
@@ -361,6 +379,7 @@ func drawSimPlan(t *rapid.T, drift float64) simPlan {
 			op.crash = rapid.IntRange(0, 15).Draw(t, "crash") == 0
 			op.unlock = scale("unlockTimeout", 10*time.Millisecond, time.Second, simClientTTL)
 			op.prune = rapid.IntRange(0, 3).Draw(t, "pruneAfterUnlock") == 0
+			op.read = p.mode == simRW && rapid.IntRange(0, 2).Draw(t, "read") > 0
 			if rapid.IntRange(0, 3).Draw(t, "cutWhileHolding") == 0 {
 				op.cut = scale("cutFor", simClientTTL/2, simClientTTL, 3*simClientTTL)
 			}
@@ -391,6 +410,7 @@ func drawSimPlan(t *rapid.T, drift float64) simPlan {
 
 // simChecker records what the Clients see and reports the first violation.
 type simChecker struct {
+	mode      simMode
 	mu        sync.Mutex
 	leases    []*simHold          // every hold handed out
 	releasing map[Token]time.Time // when its holder called Unlock
@@ -403,8 +423,9 @@ type simChecker struct {
 }
 
 type simHold struct {
-	client int
-	l      *Lease
+	client   int
+	l        *Lease
+	returned time.Time // when its Lock returned
 }
 
 func (k *simChecker) fail(format string, args ...any) {
@@ -414,16 +435,35 @@ func (k *simChecker) fail(format string, args ...any) {
 }
 
 // valid checks, when client believes it holds l (its Err is nil), that
-// no other lease is valid: the check users make before they act.
+// no lease it excludes is valid: the check users make before they act. An
+// exclusive hold excludes every other; a shared hold of an RWMutex every
+// exclusive one; the permits of a Semaphore number at most simPermits.
 func (k *simChecker) valid(client int, l *Lease) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	var valid []*simHold
 	for _, o := range k.leases {
 		if o.l != l && o.l.Err() == nil {
-			k.fail("client %d holds token %d while client %d holds token %d", client, l.Token(), o.client, o.l.Token())
+			valid = append(valid, o)
 		}
 	}
+	k.exclusion(client, l, valid)
 	k.overdue(client, l)
+}
+
+// exclusion checks, with k.mu held, that l may be valid beside others.
+func (k *simChecker) exclusion(client int, l *Lease, others []*simHold) {
+	if k.mode == simSem {
+		if len(others)+1 > simPermits {
+			k.fail("client %d holds permit %d while %d others are held (of %d)", client, l.Token(), len(others), simPermits)
+		}
+		return
+	}
+	for _, o := range others {
+		if l.role == roleExclusive || o.l.role == roleExclusive {
+			k.fail("client %d holds token %d (%v) while client %d holds token %d (%v)", client, l.Token(), l.role, o.client, o.l.Token(), o.l.role)
+		}
+	}
 }
 
 // wrote notes that a write for hold t, sent at sent, applied.
@@ -469,13 +509,28 @@ func (k *simChecker) extending(refs []leaseRef) {
 	}
 }
 
-func (k *simChecker) acquire(client int, l *Lease) {
+// acquire records that client's Lock, called at called, returned l. Its
+// token must exceed the token of every hold returned before it was called
+// (tokens strictly increase in the order holds are handed out), and differ
+// from every other hold's. An RLock may join a shared hold acquired before
+// it was called: its called is zero, and only the uniqueness is checked
+// (a hold that RLocks share is recorded once).
+func (k *simChecker) acquire(client int, l *Lease, called time.Time) {
 	k.mu.Lock()
-	if l.Token() <= k.lastToken {
-		k.fail("token %d acquired after token %d", l.Token(), k.lastToken)
+	for _, h := range k.leases {
+		if h.l == l {
+			k.mu.Unlock()
+			return
+		}
+		if !called.IsZero() && h.returned.Before(called) && l.Token() <= h.l.Token() {
+			k.fail("token %d acquired after token %d", l.Token(), h.l.Token())
+		}
+		if h.l.Token() == l.Token() {
+			k.fail("token %d handed out twice", l.Token())
+		}
 	}
 	k.lastToken = max(k.lastToken, l.Token())
-	k.leases = append(k.leases, &simHold{client, l})
+	k.leases = append(k.leases, &simHold{client, l, time.Now()})
 	k.acquired++
 	k.mu.Unlock()
 	if l.Err() == nil {
@@ -492,8 +547,11 @@ type simStats struct {
 }
 
 func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failure string, stats simStats) {
+	if simTrace {
+		fmt.Printf("=== sim run (mode %d)\n", plan.mode)
+	}
 	synctest.Test(t, func(t *testing.T) {
-		k := &simChecker{releasing: map[Token]time.Time{}, lastWrite: map[Token]time.Time{}}
+		k := &simChecker{mode: plan.mode, releasing: map[Token]time.Time{}, lastWrite: map[Token]time.Time{}}
 		st := newMemStore()
 		start := time.Now()
 		var stepMu sync.Mutex
@@ -526,9 +584,9 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 				return
 			}
 			clients = append(clients, c)
-			mutexes := make([]*Mutex, cp.mutexes)
+			mutexes := make([]simLocker, cp.mutexes)
 			for i := range mutexes {
-				mutexes[i] = c.NewMutex("k")
+				mutexes[i] = newSimLocker(c, plan.mode)
 			}
 			// Close once; every caller waits on a channel, which (unlike a
 			// sync.Once's mutex) lets the bubble's clock run meanwhile.
@@ -561,12 +619,7 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 						}
 						ctx, cancel := context.WithTimeout(context.Background(), op.timeout)
 						called := time.Now()
-						var err error
-						if op.try {
-							err = m.TryLock(ctx)
-						} else {
-							err = m.Lock(ctx)
-						}
+						l, err := m.lock(ctx, op)
 						if took := time.Since(called); took > op.timeout {
 							k.mu.Lock()
 							k.fail("client %d: Lock with a %v ctx returned after %v", id, op.timeout, took)
@@ -585,8 +638,16 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 							k.mu.Unlock()
 							continue
 						}
-						l := m.Lease()
-						k.acquire(id, l)
+						if l == nil {
+							k.mu.Lock()
+							k.fail("client %d: Lock returned no error and no lease (read %v try %v)", id, op.read, op.try)
+							k.mu.Unlock()
+							continue
+						}
+						if op.read {
+							called = time.Time{} // it may have joined an older hold
+						}
+						k.acquire(id, l, called)
 						if op.cut > 0 {
 							link.cut(op.cut)
 						}
@@ -604,8 +665,10 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 						}
 						time.Sleep(op.hold / 2)
 						uctx, ucancel := context.WithTimeout(context.Background(), op.unlock)
-						k.unlocking(l.Token())
-						m.Unlock(uctx)
+						if !op.read {
+							k.unlocking(l.Token()) // (an RUnlock need not release)
+						}
+						m.unlock(uctx, op, l)
 						ucancel()
 						if op.prune {
 							pctx, pcancel := context.WithTimeout(context.Background(), simClientTTL)
@@ -668,9 +731,8 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 							k.overdue(h.client, h.l)
 						}
 					}
-					if len(valid) > 1 {
-						k.fail("%d leases valid at once: client %d token %d, client %d token %d",
-							len(valid), valid[0].client, valid[0].l.Token(), valid[1].client, valid[1].l.Token())
+					for i, h := range valid {
+						k.exclusion(h.client, h.l, valid[i+1:])
 					}
 					k.mu.Unlock()
 				case <-watchDone:
@@ -695,13 +757,13 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 		bound := 2*simClientTTL + DefaultMaxBackoff*2
 		ctx, cancel := context.WithTimeout(context.Background(), bound)
 		defer cancel()
-		pm := probe.NewMutex("k")
-		if err := pm.Lock(ctx); err != nil {
+		called := time.Now()
+		if l, err := newSimLocker(probe, plan.mode).lock(ctx, simOp{}); err != nil {
 			k.mu.Lock()
 			k.fail("the key was not free within %v of everyone leaving: %v (record %+v)", bound, err, holder(st, "k"))
 			k.mu.Unlock()
 		} else {
-			k.acquire(-1, pm.Lease())
+			k.acquire(-1, l, called)
 		}
 		k.mu.Lock()
 		failure = k.failure
@@ -711,6 +773,71 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 	return failure, stats
 }
 
+// A simLocker is a Mutex, an RWMutex or a Semaphore, as a script uses it.
+type simLocker interface {
+	lock(ctx context.Context, op simOp) (*Lease, error)
+	unlock(ctx context.Context, op simOp, l *Lease) error
+}
+
+func newSimLocker(c *Client, mode simMode) simLocker {
+	switch mode {
+	case simRW:
+		return simRWLocker{c.NewRWMutex("k")}
+	case simSem:
+		return simSemLocker{c.NewSemaphore("k", simPermits)}
+	}
+	return simMutexLocker{c.NewMutex("k")}
+}
+
+type simMutexLocker struct{ m *Mutex }
+
+func (s simMutexLocker) lock(ctx context.Context, op simOp) (*Lease, error) {
+	var err error
+	if op.try {
+		err = s.m.TryLock(ctx)
+	} else {
+		err = s.m.Lock(ctx)
+	}
+	return s.m.Lease(), err
+}
+
+func (s simMutexLocker) unlock(ctx context.Context, _ simOp, _ *Lease) error { return s.m.Unlock(ctx) }
+
+type simRWLocker struct{ rw *RWMutex }
+
+func (s simRWLocker) lock(ctx context.Context, op simOp) (*Lease, error) {
+	var err error
+	switch {
+	case op.read && op.try:
+		err = s.rw.TryRLock(ctx)
+	case op.read:
+		err = s.rw.RLock(ctx)
+	case op.try:
+		err = s.rw.TryLock(ctx)
+	default:
+		err = s.rw.Lock(ctx)
+	}
+	return s.rw.Lease(), err
+}
+
+func (s simRWLocker) unlock(ctx context.Context, op simOp, _ *Lease) error {
+	if op.read {
+		return s.rw.RUnlock(ctx)
+	}
+	return s.rw.Unlock(ctx)
+}
+
+type simSemLocker struct{ s *Semaphore }
+
+func (s simSemLocker) lock(ctx context.Context, op simOp) (*Lease, error) {
+	if op.try {
+		return s.s.TryAcquire(ctx)
+	}
+	return s.s.Acquire(ctx)
+}
+
+func (s simSemLocker) unlock(ctx context.Context, _ simOp, l *Lease) error { return l.Release(ctx) }
+
 // TestSimulation: the properties hold for the real Client under every
 // fault above, with clocks within MaxClockDrift. More runs:
 // go test -run TestSimulation -rapid.checks=2000 .
@@ -719,7 +846,7 @@ func TestSimulation(t *testing.T) {
 	var simulated time.Duration
 	rapid.Check(t, func(rt *rapid.T) {
 		runs++
-		failure, stats := runSim(t, drawSimPlan(rt, MaxClockDrift), noFlaw, nil)
+		failure, stats := runSim(t, drawSimPlan(rt, MaxClockDrift, simAny), noFlaw, nil)
 		holds, writes, pruned, simulated = holds+stats.holds, writes+stats.writes, pruned+stats.pruned, simulated+stats.simulated
 		if failure != "" {
 			rt.Fatal(failure)
@@ -745,16 +872,21 @@ func TestSimulationCatchesFlaws(t *testing.T) {
 		flaw      flaw
 		storeFlaw func(*simLink)
 		drift     float64
+		mode      simMode
 		budget    int
 	}{
-		{"expiry by wall clock", flawWallClockExpiry, nil, MaxClockDrift, 1000},
-		{"extender extends a lease being released", flawExtendReleasing, nil, MaxClockDrift, 300},
-		{"clean-up not conditional on the hold (the late abandon)", noFlaw, func(l *simLink) { l.abandonAnyHold = true }, MaxClockDrift, 3000},
-		{"deadline counted from the reply", flawDeadlineFromReply, nil, MaxClockDrift, 3000},
-		{"release not conditional on the token", noFlaw, func(l *simLink) { l.releaseAnyToken = true }, MaxClockDrift, 10000},
-		{"clocks drifting at ten times the bound", noFlaw, nil, 10 * MaxClockDrift, 3000},
-		{"prune deletes without raising the floor", flawPruneWithoutFloor, nil, MaxClockDrift, 3000},
-		{"lock reads the floor before creating the document", flawFloorBeforeCreate, nil, MaxClockDrift, 3000},
+		{"expiry by wall clock", flawWallClockExpiry, nil, MaxClockDrift, simMutex, 1000},
+		{"extender extends a lease being released", flawExtendReleasing, nil, MaxClockDrift, simMutex, 300},
+		{"clean-up not conditional on the hold (the late abandon)", noFlaw, func(l *simLink) { l.abandonAnyHold = true }, MaxClockDrift, simMutex, 3000},
+		{"deadline counted from the reply", flawDeadlineFromReply, nil, MaxClockDrift, simMutex, 3000},
+		{"release not conditional on the token", noFlaw, func(l *simLink) { l.releaseAnyToken = true }, MaxClockDrift, simMutex, 10000},
+		{"clocks drifting at ten times the bound", noFlaw, nil, 10 * MaxClockDrift, simMutex, 3000},
+		{"prune deletes without raising the floor", flawPruneWithoutFloor, nil, MaxClockDrift, simMutex, 3000},
+		{"lock reads the floor before creating the document", flawFloorBeforeCreate, nil, MaxClockDrift, simMutex, 3000},
+		{"a Semaphore allows a permit more than n", flawSharedOverLimit, nil, MaxClockDrift, simSem, 3000},
+		{"shared holds cleared without waiting out their TTL (RWMutex)", flawReapLive, nil, MaxClockDrift, simRW, 3000},
+		{"permits cleared without waiting out their TTL (Semaphore)", flawReapLive, nil, MaxClockDrift, simSem, 3000},
+		{"shared deadline counted from the reply (RWMutex)", flawDeadlineFromReply, nil, MaxClockDrift, simRW, 3000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			runs, found := 0, ""
@@ -765,7 +897,7 @@ func TestSimulationCatchesFlaws(t *testing.T) {
 						return
 					}
 					runs++
-					found, _ = runSim(t, drawSimPlan(rt, tc.drift), tc.flaw, tc.storeFlaw)
+					found, _ = runSim(t, drawSimPlan(rt, tc.drift, tc.mode), tc.flaw, tc.storeFlaw)
 				})
 			}
 			if found == "" {

@@ -84,12 +84,25 @@ func holdKey(owner string, hold int64) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(owner)) + ":" + strconv.FormatInt(hold, 10)
 }
 
-// staleEntry names an entry by its epoch, for reap.
+// staleEntry names an entry by its epoch (and token), for reap.
 type staleEntry struct {
 	role  role // roleShared or roleWriter
 	key   string
 	epoch int64
+	token Token
 }
+
+// A stamp names one state of a record, for a takeover: its revision and
+// its token counter. The revision alone would not do: a record deleted by
+// Prune and created again starts its revisions again from 1, but its token
+// counter starts above every token it had (doc.go). The zero stamp is none.
+type stamp struct {
+	rev   int64
+	token Token
+}
+
+// at reports whether r is in state s.
+func (r record) at(s stamp) bool { return s.rev != 0 && r.Rev == s.rev && r.Token == s.token }
 
 // idleRecord is a record that Prune may delete.
 type idleRecord struct {
@@ -155,9 +168,9 @@ var (
 type store interface {
 	// acquire makes a.owner the holder of a.key with a new token and hold
 	// id a.hold if the record is absent, free, already held by this very
-	// attempt (same owner and hold), or still at revision takeover (0 for
-	// none). It returns the record written, or errHeld.
-	acquire(ctx context.Context, a attempt, takeover int64) (record, error)
+	// attempt (same owner and hold), or still in state takeover (the zero
+	// stamp for none). It returns the record written, or errHeld.
+	acquire(ctx context.Context, a attempt, takeover stamp) (record, error)
 	// handoff passes an exclusive hold to a new hold of the same owner
 	// with a new token, the hold id hold, ttl and data; errNotOwner when
 	// ref no longer holds the key.
@@ -198,9 +211,9 @@ type store interface {
 	register(ctx context.Context, a attempt) (record, error)
 	// reap removes, in one write, entries whose epochs show their owners
 	// stopped extending them; all or nothing: false when any has changed.
-	// With rev != 0 it instead clears every hold of the record if it is
-	// still at revision rev (a takeover by a shared attempt).
-	reap(ctx context.Context, key string, rev int64, stale []staleEntry) (bool, error)
+	// With at non-zero it instead clears every hold of the record if it is
+	// still at that revision and token (a takeover by a shared attempt).
+	reap(ctx context.Context, key string, at stamp, stale []staleEntry) (bool, error)
 	// read returns the record for key (the zero record when absent).
 	read(ctx context.Context, key string) (record, error)
 	// serverTime returns the server's clock, or ok=false when the server

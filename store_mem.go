@@ -61,7 +61,7 @@ func (r record) clone() record {
 	return r
 }
 
-func (s *memStore) acquire(ctx context.Context, a attempt, takeover int64) (record, error) {
+func (s *memStore) acquire(ctx context.Context, a attempt, takeover stamp) (record, error) {
 	if err := s.begin(ctx); err != nil {
 		return record{}, err
 	}
@@ -87,7 +87,8 @@ func (s *memStore) acquire(ctx context.Context, a attempt, takeover int64) (reco
 		return s.write(a.key, r), nil
 	}
 	ours := r.Owner == a.owner && r.Hold == a.hold
-	if exists && !r.free() && !ours && (takeover == 0 || r.Rev != takeover) {
+	took := r.at(takeover)
+	if exists && !r.free() && !ours && !took {
 		return record{}, errHeld
 	}
 	if !exists {
@@ -96,11 +97,11 @@ func (s *memStore) acquire(ctx context.Context, a attempt, takeover int64) (reco
 	r.Owner, r.Hold, r.TTL, r.Data = a.owner, a.hold, a.ttl, a.data
 	r.Token++
 	r.Shared = nil // none, or stale ones cleared by a takeover
-	if a.registered || takeover != 0 && r.Rev == takeover {
+	if a.registered {
 		delete(r.Writers, a.holdKey())
-		if takeover != 0 && r.Rev == takeover {
-			r.Writers = nil
-		}
+	}
+	if took {
+		r.Writers = nil
 	}
 	return s.write(a.key, r), nil
 }
@@ -119,10 +120,11 @@ func (s *memStore) register(ctx context.Context, a attempt) (record, error) {
 		r.Writers = map[string]entry{}
 	}
 	r.Writers[a.holdKey()] = entry{Owner: a.owner, Hold: a.hold, TTL: a.ttl, Epoch: rand.Int64N(1 << 62)}
+	r.Rev-- // a registration is not a hold: it leaves the revision alone
 	return s.write(a.key, r), nil
 }
 
-func (s *memStore) reap(ctx context.Context, key string, rev int64, stale []staleEntry) (bool, error) {
+func (s *memStore) reap(ctx context.Context, key string, at stamp, stale []staleEntry) (bool, error) {
 	if err := s.begin(ctx); err != nil {
 		return false, err
 	}
@@ -132,8 +134,8 @@ func (s *memStore) reap(ctx context.Context, key string, rev int64, stale []stal
 	if !ok {
 		return false, nil
 	}
-	if rev != 0 {
-		if r.Rev != rev {
+	if at.rev != 0 {
+		if !r.at(at) {
 			return false, nil
 		}
 		r.Owner, r.Data, r.Shared, r.Writers = "", nil, nil, nil
@@ -141,7 +143,7 @@ func (s *memStore) reap(ctx context.Context, key string, rev int64, stale []stal
 		return true, nil
 	}
 	for _, e := range stale {
-		if got, ok := r.entries(e.role)[e.key]; !ok || got.Epoch != e.epoch {
+		if got, ok := r.entries(e.role)[e.key]; !ok || got.Epoch != e.epoch || got.Token != e.token {
 			return false, nil
 		}
 	}
@@ -266,6 +268,9 @@ func (s *memStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error) 
 				e.Epoch++
 				r.entries(ref.role)[hk] = e
 			}
+			if ref.role == roleWriter {
+				r.Rev-- // a registration is not a hold: it leaves the revision alone
+			}
 			s.write(ref.key, r)
 			ok[i] = true
 		}
@@ -368,7 +373,7 @@ func (l *memLink) check(ctx context.Context) error {
 	return nil
 }
 
-func (l *memLink) acquire(ctx context.Context, a attempt, takeover int64) (record, error) {
+func (l *memLink) acquire(ctx context.Context, a attempt, takeover stamp) (record, error) {
 	if err := l.check(ctx); err != nil {
 		return record{}, err
 	}
@@ -389,11 +394,11 @@ func (l *memLink) register(ctx context.Context, a attempt) (record, error) {
 	return l.memStore.register(ctx, a)
 }
 
-func (l *memLink) reap(ctx context.Context, key string, rev int64, stale []staleEntry) (bool, error) {
+func (l *memLink) reap(ctx context.Context, key string, at stamp, stale []staleEntry) (bool, error) {
 	if err := l.check(ctx); err != nil {
 		return false, err
 	}
-	return l.memStore.reap(ctx, key, rev, stale)
+	return l.memStore.reap(ctx, key, at, stale)
 }
 
 func (l *memLink) extend(ctx context.Context, refs []leaseRef) ([]bool, error) {

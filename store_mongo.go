@@ -195,8 +195,12 @@ func extension(ref leaseRef) bson.D {
 	if ref.role == roleExclusive {
 		return touch
 	}
+	inc := bson.D{{Key: path(sub(ref.role), holdKey(ref.owner, ref.hold), eEpoch), Value: int64(1)}}
+	if ref.role == roleShared { // a registration is not a hold: it leaves the revision alone
+		inc = append(inc, bson.E{Key: fRev, Value: int64(1)})
+	}
 	return bson.D{
-		{Key: "$inc", Value: bson.D{{Key: path(sub(ref.role), holdKey(ref.owner, ref.hold), eEpoch), Value: int64(1)}, {Key: fRev, Value: int64(1)}}},
+		{Key: "$inc", Value: inc},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}
 }
@@ -217,7 +221,7 @@ func ending(ref leaseRef) bson.D {
 	}
 }
 
-func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover int64) (record, error) {
+func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover stamp) (record, error) {
 	if a.shared {
 		return s.acquireShared(ctx, a)
 	}
@@ -227,8 +231,8 @@ func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover int64) (re
 		free = append(free, bson.E{Key: fN, Value: notPositive})
 	}
 	or := bson.A{free, ours}
-	if takeover != 0 {
-		or = append(or, bson.D{{Key: fRev, Value: takeover}})
+	if takeover.rev != 0 {
+		or = append(or, bson.D{{Key: fRev, Value: takeover.rev}, {Key: fToken, Value: int64(takeover.token)}})
 	}
 	filter := bson.D{{Key: "_id", Value: a.key}, kindFilter(a.kind), {Key: "$or", Value: or}}
 	update := append(newHold(a.owner, a.hold, a.ttl), bson.E{Key: "$setOnInsert", Value: bson.D{{Key: fRaw, Value: true}}})
@@ -294,9 +298,8 @@ func (s *mongoStore) acquireShared(ctx context.Context, a attempt) (record, erro
 
 func (s *mongoStore) register(ctx context.Context, a attempt) (record, error) {
 	e := entryDoc{Owner: a.owner, Hold: a.hold, TTL: ttlMillis(a.ttl), Epoch: rand.Int64N(1 << 62)}
-	update := bson.D{
+	update := bson.D{ // a registration is not a hold: it leaves the revision alone
 		{Key: "$set", Value: bson.D{{Key: path(fW, a.holdKey()), Value: e}}},
-		{Key: "$inc", Value: bson.D{{Key: fRev, Value: int64(1)}}},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}
 	s.counted(ctx, 1)
@@ -312,11 +315,11 @@ func (s *mongoStore) register(ctx context.Context, a attempt) (record, error) {
 	}
 }
 
-func (s *mongoStore) reap(ctx context.Context, key string, rev int64, stale []staleEntry) (bool, error) {
+func (s *mongoStore) reap(ctx context.Context, key string, at stamp, stale []staleEntry) (bool, error) {
 	filter := bson.D{{Key: "_id", Value: key}}
 	var update bson.D
-	if rev != 0 {
-		filter = append(filter, bson.E{Key: fRev, Value: rev})
+	if at.rev != 0 {
+		filter = append(filter, bson.E{Key: fRev, Value: at.rev}, bson.E{Key: fToken, Value: int64(at.token)})
 		update = bson.D{
 			{Key: "$set", Value: bson.D{{Key: fOwner, Value: ""}, {Key: fH, Value: bson.D{}}, {Key: fN, Value: 0}, {Key: fW, Value: bson.D{}}}},
 			{Key: "$unset", Value: bson.D{{Key: fData, Value: ""}}},
@@ -328,6 +331,9 @@ func (s *mongoStore) reap(ctx context.Context, key string, rev int64, stale []st
 		shared := 0
 		for _, e := range stale {
 			filter = append(filter, bson.E{Key: path(sub(e.role), e.key, eEpoch), Value: e.epoch})
+			if e.role == roleShared {
+				filter = append(filter, bson.E{Key: path(fH, e.key, eToken), Value: int64(e.token)})
+			}
 			unset = append(unset, bson.E{Key: path(sub(e.role), e.key), Value: ""})
 			if e.role == roleShared {
 				shared++
