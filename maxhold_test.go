@@ -145,7 +145,7 @@ func TestMaxHoldNoExtensionAfterStop(t *testing.T) {
 		slowAt := (d - ttl - lastGuard(ttl)) / every * every // the extension before the last
 		h.on("extend", func(ctx context.Context, call func() error) error {
 			if time.Since(start) == slowAt {
-				return lateReply(stop - slowAt + 100*time.Millisecond)(ctx, call) // answered past stop
+				return lateReply(stop-slowAt+100*time.Millisecond)(ctx, call) // answered past stop
 			}
 			if time.Since(start) > stop {
 				t.Errorf("extension sent %v after the acquire, past %v", time.Since(start), stop)
