@@ -175,10 +175,19 @@ func start(t *testing.T, env []string, args ...string) *process {
 	t.Cleanup(func() {
 		select {
 		case <-p.exited:
+			return
 		default:
-			cmd.Process.Signal(syscall.SIGCONT)
-			cmd.Process.Kill()
-			<-p.exited
+		}
+		// A test that failed part way: end dlock, and its COMMAND if it
+		// reads stdin, then give up on it after the watchdog (a COMMAND of
+		// its own process group may outlive dlock, holding the pipes).
+		p.stdin.Close()
+		cmd.Process.Signal(syscall.SIGCONT)
+		cmd.Process.Kill()
+		select {
+		case <-p.exited:
+		case <-time.After(watchdog):
+			t.Errorf("dlock's output still open %v after it was killed", watchdog)
 		}
 	})
 	return p
