@@ -299,3 +299,20 @@ func TestMaxHoldOption(t *testing.T) {
 		})
 	}
 }
+
+// A hold lost to the cap is reported as such: the dlock.LeaseLost span and
+// the dlock.lease.lost counter name the cause max_hold.
+func TestMaxHoldTelemetry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rig := newTelemetryRig()
+		c, _ := memClient(t, newMemStore(), append(rig.opts, WithTTL(time.Second), WithMaxHold(time.Minute))...)
+		m := c.NewMutex("k")
+		require.NoError(t, m.Lock(context.Background()))
+		<-m.Lease().Lost()
+		synctest.Wait() // the extender reports the loss after closing Lost
+		lost := rig.ended("dlock.LeaseLost")
+		require.Len(t, lost, 1)
+		assert.Equal(t, causeMaxHold, attrs(lost[0])[attrCause].AsString())
+		assert.EqualValues(t, 1, sum(t, rig.metrics(t)["dlock.lease.lost"], attrCause.String(causeMaxHold)))
+	})
+}
