@@ -41,7 +41,7 @@ type Lease struct {
 	mu       sync.Mutex
 	deadline time.Time // on the Client's clock: held until then
 	next     time.Time // when the next extension is due
-	last     bool      // the extension due at next is the last (at stop); set once
+	last     bool      // the extension due at next is the last (at lastDue); set once
 	capped   bool      // no extension is sent any more (past stop); set once
 	lastErr  error     // the last failed extension
 	err      error     // nil while held
