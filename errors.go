@@ -18,8 +18,12 @@ var (
 	ErrReleased = errors.New("dlock: lease released")
 	// ErrLeaseLost is what [Lease.Err] reports, wrapped in a [*LeaseLostError],
 	// once the lease can no longer be relied on: its extensions failed until
-	// its local deadline, or the store showed that another owner took the key.
+	// its local deadline, it reached the cap set by [WithMaxHold], or the
+	// store showed that another owner took the key.
 	ErrLeaseLost = errors.New("dlock: lease lost")
+	// ErrMaxHold is the cause, in a [*LeaseLostError], of a lease that
+	// reached the maximum hold time set by [WithMaxHold].
+	ErrMaxHold = errors.New("dlock: maximum hold time reached")
 	// ErrStaleToken is returned by [Fence.Check], [UpdateFenced] and
 	// [UpsertFenced] for a fencing token lower than one already admitted.
 	ErrStaleToken = errors.New("dlock: stale fencing token")
@@ -56,7 +60,10 @@ type LeaseLostError struct {
 	Key   string
 	Token Token
 	// Cause is the last store error when extensions failed until the local
-	// deadline, or nil when the store showed the key held by someone else.
+	// deadline; an error matching [ErrMaxHold] when the hold reached the
+	// cap set by [WithMaxHold] (matching the last store error too, when
+	// the last extension failed); or nil when the store showed the key held
+	// by someone else.
 	Cause error
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -147,6 +148,34 @@ func ExampleMutex_TryLock() {
 	err = b.NewMutex("job").TryLock(ctx)
 	fmt.Println(errors.Is(err, dlock.ErrLocked))
 	// Output: true
+}
+
+func ExampleMutex_Locker() {
+	ctx := context.Background()
+	coll, disconnect := exampleCollection("locker")
+	defer disconnect()
+	client, err := dlock.NewClient(coll)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close(ctx)
+
+	mu := client.NewMutex("nightly-report")
+	// Code written against sync.Locker takes the distributed lock: its Lock
+	// blocks until the Mutex holds the key, and panics only on misuse (see
+	// Mutex.Locker); its Unlock releases it.
+	withLock := func(l sync.Locker, work func()) {
+		l.Lock()
+		defer l.Unlock()
+		work()
+	}
+	withLock(mu.Locker(), func() {
+		fmt.Println("working with token", mu.Lease().Token())
+	})
+	fmt.Println("held after:", mu.Lease() != nil)
+	// Output:
+	// working with token 1
+	// held after: false
 }
 
 func ExampleLease_Context() {

@@ -11,7 +11,9 @@ import (
 // extends, in one bulk write, every lease due within half a cadence, so
 // leases fall into step and a cadence costs one command however many leases
 // the Client holds. It ends a lease at its local deadline even while a write
-// is in flight, so a hung server cannot delay Lost.
+// is in flight, so a hung server cannot delay Lost. It sends no extension
+// of a hold with a maximum hold later than a TTL before its cap (see
+// Lease.schedule).
 type extender struct {
 	c      *Client
 	mu     sync.Mutex
@@ -147,20 +149,27 @@ func (e *extender) scan(now time.Time, want bool) (expired, batch []*Lease, wake
 	}
 	for l := range e.leases {
 		l.mu.Lock()
-		deadline, next, every, returned := l.deadline, l.next, l.every, l.returned
+		if !l.capped && !l.stop.IsZero() && now.After(l.stop) {
+			l.capped = true // running late: past the last moment for an extension
+		}
+		deadline, next, every, returned, last, capped := l.deadline, l.next, l.every, l.returned, l.last, l.capped
 		l.mu.Unlock()
 		if !now.Before(deadline) {
 			expired = append(expired, l)
 			continue
 		}
 		soon(deadline)
-		if !want || returned && e.c.cfg.flaw != flawExtendReleasing { // a lease being released is not extended
+		if !want || capped || returned && e.c.cfg.flaw != flawExtendReleasing { // a lease being released is not extended
 			continue
 		}
-		if !now.Before(next) {
+		ready := !now.Before(next)
+		if ready {
 			due = true
 		}
-		if next.Sub(now) <= every/2 {
+		// A lease due within half a cadence joins the batch early, but not
+		// for its last extension, due at l.lastDue: the hold then lasts as
+		// close to its cap as it may.
+		if ready || !last && next.Sub(now) <= every/2 {
 			batch = append(batch, l)
 		} else {
 			soon(next)

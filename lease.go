@@ -3,6 +3,7 @@ package dlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -32,13 +33,19 @@ type Lease struct {
 	data     []byte
 	ttl      time.Duration
 	every    time.Duration
-	acquired time.Time // on the Client's clock
+	acquired time.Time     // on the Client's clock: when the acquire (or handoff) that made the hold was sent
+	maxHold  time.Duration // WithMaxHold; 0 for no cap
+	holdEnd  time.Time     // with maxHold: acquired+maxHold, which the deadline never passes; else zero
+	stop     time.Time     // with maxHold: holdEnd-ttl, after which no extension is sent; else zero
+	lastDue  time.Time     // with maxHold: when the last extension is due, a timer's lateness before stop
 	done     chan struct{}
 	lost     chan struct{}
 
 	mu       sync.Mutex
 	deadline time.Time // on the Client's clock: held until then
 	next     time.Time // when the next extension is due
+	last     bool      // the extension due at next is the last (at lastDue); set once
+	capped   bool      // no extension is sent any more (past stop); set once
 	lastErr  error     // the last failed extension
 	err      error     // nil while held
 	returned bool      // Release was called
@@ -55,10 +62,46 @@ type locker interface {
 // newLease returns the lease of a hold that attempt a made, with token t,
 // by a write sent at sent.
 func (c *Client) newLease(lk locker, cfg *config, a attempt, t Token, ro role, sent time.Time) *Lease {
-	return &Lease{
+	l := &Lease{
 		c: c, lk: lk, key: a.key, token: t, hold: a.hold, role: ro, data: a.data, ttl: cfg.ttl, every: cfg.every(),
-		acquired: sent, deadline: sent.Add(holdFor(cfg.ttl)), next: sent.Add(cfg.every()),
+		acquired: sent, deadline: sent.Add(holdFor(cfg.ttl)),
 		done: make(chan struct{}), lost: make(chan struct{}),
+	}
+	if d := cfg.maxHold; d > 0 && ro != roleWriter { // a registration is not a hold
+		l.maxHold, l.holdEnd, l.stop = d, sent.Add(d), sent.Add(d-l.ttl)
+		l.lastDue = l.stop.Add(-lastGuard(l.ttl))
+		if l.deadline.After(l.holdEnd) {
+			l.deadline = l.holdEnd
+		}
+	}
+	l.schedule(sent, sent.Add(l.every))
+	return l
+}
+
+// lastGuard is how long before the last moment for an extension (the cap
+// less a TTL) the last extension of a capped hold is due: the share of the
+// TTL that holdFor keeps for the lateness of timers.
+func lastGuard(ttl time.Duration) time.Duration {
+	return time.Duration(float64(ttl) * lostGuard)
+}
+
+// schedule sets when the next extension is due, at, after an extension
+// sent, or a failure seen, at from. With a maximum hold no extension is
+// sent after l.stop, so that no write of the hold comes later than a TTL
+// before its cap: the extension that would be due after l.lastDue is due
+// at l.lastDue instead, as the last, and after the last none is (a failed
+// last extension is not retried). Called with l.mu held, or before l is
+// shared.
+func (l *Lease) schedule(from, at time.Time) {
+	switch {
+	case l.last:
+		l.capped = true
+	case l.stop.IsZero() || at.Before(l.lastDue):
+		l.next = at
+	case from.Before(l.lastDue):
+		l.next, l.last = l.lastDue, true
+	default:
+		l.capped = true
 	}
 }
 
@@ -159,15 +202,26 @@ func (l *Lease) returning() bool {
 	return l.returned
 }
 
-// expire ends the lease as lost at its deadline.
+// expire ends the lease as lost at its deadline. A deadline past
+// l.lastDue is one that an extension could have pushed on but for the cap:
+// the lease is lost to the cap.
 func (l *Lease) expire() {
 	l.mu.Lock()
 	cause := l.lastErr
+	capped := !l.stop.IsZero() && l.deadline.After(l.lastDue)
 	l.mu.Unlock()
-	if cause == nil {
+	lostCause := causeExpired
+	switch {
+	case capped && cause != nil:
+		cause = fmt.Errorf("%w (%v after the acquire; the last extension failed: %w)", ErrMaxHold, l.maxHold, cause)
+		lostCause = causeMaxHold
+	case capped:
+		cause = fmt.Errorf("%w (%v after the acquire)", ErrMaxHold, l.maxHold)
+		lostCause = causeMaxHold
+	case cause == nil:
 		cause = errDeadline
 	}
-	l.end(&LeaseLostError{Key: l.key, Token: l.token, Cause: cause}, causeExpired)
+	l.end(&LeaseLostError{Key: l.key, Token: l.token, Cause: cause}, lostCause)
 }
 
 // takenOver is the error of a hold the store showed held by someone else.
@@ -214,14 +268,19 @@ func (l *Lease) ended() error {
 	return l.err
 }
 
-// extended records a successful extension sent at sent.
+// extended records a successful extension sent at sent. The deadline
+// never passes the cap of a maximum hold.
 func (l *Lease) extended(sent time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if d := sent.Add(holdFor(l.ttl)); d.After(l.deadline) {
+	d := sent.Add(holdFor(l.ttl))
+	if !l.holdEnd.IsZero() && d.After(l.holdEnd) {
+		d = l.holdEnd
+	}
+	if d.After(l.deadline) {
 		l.deadline = d
 	}
-	l.next = sent.Add(l.every)
+	l.schedule(sent, sent.Add(l.every))
 	l.lastErr = nil
 }
 
@@ -230,5 +289,5 @@ func (l *Lease) failed(now time.Time, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.lastErr = err
-	l.next = now.Add(l.every / 4)
+	l.schedule(now, now.Add(l.every/4))
 }

@@ -44,7 +44,8 @@ type config struct {
 	extendEvery time.Duration // 0: ttl/3
 	minBackoff  time.Duration
 	maxBackoff  time.Duration
-	data        []byte // WithData
+	data        []byte        // WithData
+	maxHold     time.Duration // 0: no cap
 
 	// Client-wide.
 	serverClock    bool          // WithServerClockTakeover
@@ -105,6 +106,39 @@ func WithExtendInterval(d time.Duration) Option {
 			return
 		}
 		c.extendEvery = d
+	})
+}
+
+// WithMaxHold caps each hold at d: a hold ends, as lost, d after it was
+// acquired (counted, on the Client's clock, from when the acquire that
+// made it was sent), however often it was extended. It is for work that
+// must not hold a key forever, a hung job say: the job finds its lease
+// lost, and the key goes to others, without anyone having to notice.
+//
+// The holder sends its last extension d−TTL after the acquire, and none
+// after that. Its lease then ends at the local deadline that extension
+// gives, a little before d (by the margin every lease keeps under its TTL,
+// about 3% of the TTL: see the package documentation), or at the deadline
+// of an earlier write if that extension fails: [Lease.Lost] closes,
+// [Lease.Context] is cancelled, and [Lease.Err] returns a
+// [*LeaseLostError] whose Cause matches [ErrMaxHold]. As the holder writes
+// nothing after d−TTL, a Client already waiting for the key when the cap
+// comes takes it at most one TTL after the cap (plus a poll interval); one
+// that starts waiting after the cap takes it at most one TTL after its
+// first look at the key, as after any holder that stopped extending.
+//
+// d must be 0, the default, which sets no cap, or at least the TTL: a hold
+// capped at the TTL is never extended. A hold handed over by [Mutex.Unlock]
+// to another goroutine of the same Client is a new hold, with a cap of its
+// own. Given to [NewClient] it caps every hold of the Client; given to
+// [Client.NewMutex], the holds of that Mutex.
+func WithMaxHold(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d < 0 {
+			c.fail("maximum hold %v is negative", d)
+			return
+		}
+		c.maxHold = d
 	})
 }
 
@@ -238,6 +272,10 @@ func (c *config) validate() error {
 	}
 	if c.ttl < time.Millisecond {
 		return fmt.Errorf("%w: TTL %v is shorter than a millisecond", ErrInvalidOption, c.ttl)
+	}
+	if c.maxHold != 0 && c.maxHold < c.ttl {
+		return fmt.Errorf("%w: maximum hold %v is shorter than the TTL %v: it must be 0 (no cap) or at least the TTL",
+			ErrInvalidOption, c.maxHold, c.ttl)
 	}
 	if c.extendEvery > holdFor(c.ttl)/2 {
 		return fmt.Errorf("%w: extend interval %v leaves no room to retry a failed extension within the TTL %v: at most %v (half the holder's local deadline)",

@@ -49,8 +49,9 @@ const (
 
 // Causes of a lost lease.
 const (
-	causeExpired = "expired" // extensions failed until the local deadline
-	causeStolen  = "stolen"  // the store showed another owner
+	causeExpired = "expired"  // extensions failed until the local deadline
+	causeStolen  = "stolen"   // the store showed another owner
+	causeMaxHold = "max_hold" // the hold reached its cap (WithMaxHold)
 )
 
 // WithTracerProvider sets where the Client's spans go. The default is the
@@ -114,7 +115,7 @@ func newTelemetry(cfg *config) (*telemetry, error) {
 		t.byOutcome[o] = metric.WithAttributeSet(attribute.NewSet(attrOutcome.String(o)))
 	}
 	t.byCause = map[string]metric.MeasurementOption{}
-	for _, c := range []string{causeExpired, causeStolen} {
+	for _, c := range []string{causeExpired, causeStolen, causeMaxHold} {
 		t.byCause[c] = metric.WithAttributeSet(attribute.NewSet(attrCause.String(c)))
 	}
 	return t, nil

@@ -1,0 +1,100 @@
+// Dlock runs commands under distributed locks kept in MongoDB, with the
+// guarantees of the dlock library (github.com/dlock-go/dlock): at most one
+// holder of a key at a time across machines, a lease that is extended while
+// the holder lives and lapses when it dies, and a fencing token for each
+// hold.
+//
+// Install it with
+//
+//	go install github.com/dlock-go/dlock/cmd/dlock@latest
+//
+// Usage:
+//
+//	dlock SUBCOMMAND [flags] ARGS...
+//	dlock -h                  lists the subcommands
+//	dlock SUBCOMMAND -h       explains one, and its flags
+//
+// # dlock run
+//
+//	dlock run [flags] KEY -- COMMAND [ARGS...]
+//
+// Run takes the lock KEY, waiting while another process holds it, then runs
+// COMMAND with these variables added to its environment:
+//
+//	DLOCK_KEY     KEY
+//	DLOCK_TOKEN   the fencing token of this hold, a decimal number that
+//	              grows with every hold of KEY: pass it to the storage
+//	              COMMAND writes, to turn away a late writer
+//	DLOCK_OWNER   this run's owner identity (host/pid/random), as stored
+//	              in the lock
+//
+// While COMMAND runs, the lock's lease is extended in the background (every
+// third of -ttl). COMMAND's standard input, output and error are run's.
+// When COMMAND exits, run releases the lock and exits with COMMAND's status.
+//
+// If the lease is lost while COMMAND runs (the server could not be reached
+// for about a TTL, this process was frozen for longer than that and another
+// took the key, or -max-hold passed), COMMAND may no longer rely on the
+// lock: run sends SIGTERM to COMMAND's process group, SIGKILL after -grace
+// if it is still running, and exits with status 124. The lease is lost at
+// its local deadline, before any other process can take the key; but a
+// process that was frozen can wake after that, so writes that must never
+// overlap should be fenced with DLOCK_TOKEN (see the library's
+// documentation).
+//
+// COMMAND runs in a process group of its own, as under timeout(1), so that
+// these signals reach whatever COMMAND started; SIGINT and SIGTERM sent to
+// run are passed on to that group (a Ctrl-C at a terminal reaches COMMAND
+// through run, once). A COMMAND in its own group cannot read from the
+// terminal. What COMMAND leaves running in the background when it exits is
+// not stopped, unless the lease was lost.
+//
+// Flags:
+//
+//	-uri string              the MongoDB connection string (default $MONGODB_URI)
+//	-db string               the database of the lock collection (default "dlock")
+//	-collection string       the collection of lock documents, one per key
+//	                         (default "locks"); every program that shares the
+//	                         locks must use the same one
+//	-connect-timeout dur     how long to try to reach the server (default 10s)
+//	-ttl dur                 the lease's TTL (default 10s): if this process stops
+//	                         extending the lease, others can take KEY this long
+//	                         after its last extension
+//	-try                     do not wait: if KEY is held, exit at once with 75
+//	-timeout dur             wait at most this long for KEY, then exit with 75
+//	                         (default 0: no limit)
+//	-grace dur               after SIGTERM on a lost lease, how long COMMAND has
+//	                         before SIGKILL (default 10s)
+//	-max-hold dur            end the hold this long after taking KEY, as a lost
+//	                         lease (default 0: no limit; else at least -ttl);
+//	                         others can take KEY at most a TTL later
+//	-v                       report on stderr when run waits, takes KEY and
+//	                         releases it
+//
+// Flags go before KEY; "--" separates KEY from COMMAND.
+//
+// # Exit status
+//
+// Run exits with COMMAND's status, or 128+N when signal N killed COMMAND
+// (as a shell reports it), except:
+//
+//	64   bad usage: an unknown flag, a bad value, a missing KEY, "--" or
+//	     COMMAND, an invalid key (empty, over 1024 bytes, not UTF-8, NUL)
+//	69   could not reach the server within -connect-timeout, or it failed
+//	75   KEY is held: -try found it held, or -timeout passed; COMMAND did
+//	     not run
+//	124  the lease was lost while COMMAND ran; COMMAND was stopped
+//	126  COMMAND could not be run
+//	127  COMMAND was not found
+//	130, 143  run got SIGINT or SIGTERM while waiting for KEY (128+N)
+//
+// Errors are one line on standard error, starting "dlock".
+//
+// # Example
+//
+// Every five minutes, make the report on whichever machine gets the lock,
+// and skip the run on the others (status 75) while one is still at it:
+//
+//	MONGODB_URI=mongodb://db1.example.com:27017,db2.example.com:27017/?replicaSet=rs0
+//	*/5 * * * * dlock run -try nightly-report -- /usr/local/bin/report
+package main

@@ -1,0 +1,524 @@
+//go:build unix
+
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// These tests run the dlock binary, built once in TestMain, as a user
+// would, against the server at MONGODB_URI or, when it is not set, the
+// embedded FerretDB of tools/mongoserver, built and started here as the
+// root package's tests do.
+
+var (
+	binary  string        // the dlock binary
+	testURI string        // the server
+	testDB  string        // the database every test's collection is in
+	mc      *mongo.Client // the tests' own connection, to hold locks as another program would
+)
+
+// watchdog bounds every wait on a dlock process: a test that reaches it
+// has failed (a process that should have moved on did not).
+const watchdog = 20 * time.Second
+
+func TestMain(m *testing.M) {
+	code, err := runTests(m)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cmd/dlock tests:", err)
+		os.Exit(1)
+	}
+	os.Exit(code)
+}
+
+func runTests(m *testing.M) (int, error) {
+	dir, err := os.MkdirTemp("", "dlockcli-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	binary = filepath.Join(dir, "dlock")
+	build := exec.Command("go", "build", "-o", binary, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return 0, fmt.Errorf("build dlock: %w", err)
+	}
+	testURI = os.Getenv("MONGODB_URI")
+	if testURI == "" {
+		uri, stop, err := startServer(dir)
+		if err != nil {
+			return 0, err
+		}
+		defer stop()
+		testURI = uri
+	}
+	mc, err = mongo.Connect(options.Client().ApplyURI(testURI))
+	if err != nil {
+		return 0, err
+	}
+	testDB = fmt.Sprintf("dlockcli_%d", time.Now().UnixNano())
+	code := m.Run()
+	mc.Database(testDB).Drop(context.Background())
+	mc.Disconnect(context.Background())
+	return code, nil
+}
+
+// startServer builds tools/mongoserver and runs it on a free port with its
+// data under dir (a copy of the root package's startServer: test files
+// are not shared between packages).
+func startServer(dir string) (uri string, stop func(), err error) {
+	_, here, _, _ := runtime.Caller(0)
+	tools := filepath.Join(filepath.Dir(here), "..", "..", "tools")
+	bin := filepath.Join(dir, "mongoserver")
+	build := exec.Command("go", "build", "-o", bin, "./mongoserver")
+	build.Dir, build.Stdout, build.Stderr = tools, os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return "", nil, fmt.Errorf("build test server: %w", err)
+	}
+	cmd := exec.Command(bin, "-dir", filepath.Join(dir, "data"), "-exit-on-stdin-eof")
+	stdin, _ := cmd.StdinPipe() // with -exit-on-stdin-eof, the server exits when this closes
+	out, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop = func() {
+		stdin.Close()
+		cmd.Wait()
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "uri=") {
+		stop()
+		return "", nil, fmt.Errorf("test server did not start: %q %v", line, err)
+	}
+	return strings.TrimSpace(strings.TrimPrefix(line, "uri=")), stop, nil
+}
+
+// collection returns a new collection name for one test.
+func collection(t *testing.T) string {
+	return fmt.Sprintf("%s_%d", strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()), time.Now().UnixNano())
+}
+
+// runArgs returns the arguments of "dlock run" on coll with flags, then
+// KEY -- COMMAND... from rest.
+func runArgs(coll string, rest ...string) []string {
+	return append([]string{"run", "-uri", testURI, "-db", testDB, "-collection", coll}, rest...)
+}
+
+// A process is a dlock process started by a test. Its stdout and stderr
+// come line by line on channels (closed at EOF), and its exit on exited.
+type process struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stdout chan string
+	stderr chan string
+	exited chan struct{}
+	err    error // set before exited closes
+}
+
+// start starts dlock with args and env added to the test's environment
+// (without MONGODB_URI: each test passes -uri). It is killed if still
+// running when the test ends.
+func start(t *testing.T, env []string, args ...string) *process {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "MONGODB_URI=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, env...)
+	cmd.WaitDelay = 5 * time.Second // what COMMAND left running must not keep the pipes open
+	p := &process{cmd: cmd, stdout: make(chan string, 100), stderr: make(chan string, 100), exited: make(chan struct{})}
+	var err error
+	p.stdin, err = cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	lines := func(r io.Reader, ch chan string) {
+		s := bufio.NewScanner(r)
+		for s.Scan() {
+			ch <- s.Text()
+		}
+		close(ch)
+	}
+	read := make(chan struct{})
+	go func() { lines(stdout, p.stdout); read <- struct{}{} }()
+	go func() { lines(stderr, p.stderr); read <- struct{}{} }()
+	go func() {
+		<-read
+		<-read
+		p.err = cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+			return
+		default:
+		}
+		// A test that failed part way: end dlock, and its COMMAND if it
+		// reads stdin, then give up on it after the watchdog (a COMMAND of
+		// its own process group may outlive dlock, holding the pipes).
+		p.stdin.Close()
+		cmd.Process.Signal(syscall.SIGCONT)
+		cmd.Process.Kill()
+		select {
+		case <-p.exited:
+		case <-time.After(watchdog):
+			t.Errorf("dlock's output still open %v after it was killed", watchdog)
+		}
+	})
+	return p
+}
+
+// line returns the next line from ch, failing the test at the watchdog or
+// at EOF.
+func line(t *testing.T, ch <-chan string, what string) string {
+	t.Helper()
+	select {
+	case l, ok := <-ch:
+		if !ok {
+			t.Fatalf("EOF while waiting for %s", what)
+		}
+		return l
+	case <-time.After(watchdog):
+		t.Fatalf("no %s after %v", what, watchdog)
+	}
+	return ""
+}
+
+// wait waits for p to exit and returns its status and the rest of its
+// stdout and stderr.
+func (p *process) wait(t *testing.T) (status int, stdout, stderr []string) {
+	t.Helper()
+	select {
+	case <-p.exited:
+	case <-time.After(watchdog):
+		t.Fatalf("dlock still running after %v", watchdog)
+	}
+	require.False(t, errors.Is(p.err, exec.ErrWaitDelay), "COMMAND left processes holding its output")
+	for l := range p.stdout {
+		stdout = append(stdout, l)
+	}
+	for l := range p.stderr {
+		stderr = append(stderr, l)
+	}
+	return p.cmd.ProcessState.ExitCode(), stdout, stderr
+}
+
+// dlockRun runs dlock with args to the end.
+func dlockRun(t *testing.T, env []string, args ...string) (status int, stdout, stderr []string) {
+	t.Helper()
+	p := start(t, env, args...)
+	p.stdin.Close()
+	return p.wait(t)
+}
+
+// requireOneLine checks that stderr is one line, from dlock, with no
+// trace of a Go panic, that contains want.
+func requireOneLine(t *testing.T, stderr []string, want string) {
+	t.Helper()
+	require.Len(t, stderr, 1, "stderr: %q", stderr)
+	assert.True(t, strings.HasPrefix(stderr[0], "dlock"), "stderr: %q", stderr[0])
+	assert.NotContains(t, stderr[0], "goroutine")
+	assert.NotContains(t, stderr[0], "panic")
+	assert.Contains(t, stderr[0], want)
+}
+
+// newClient returns a dlock Client on coll in the test server, as another
+// program sharing the locks would have.
+func newClient(t *testing.T, coll string) *dlock.Client {
+	t.Helper()
+	c, err := dlock.NewClient(mc.Database(testDB).Collection(coll), dlock.WithTTL(time.Second))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+func TestRunEnvironmentAndRelease(t *testing.T) {
+	coll := collection(t)
+	p := start(t, nil, runArgs(coll, "-v", "nightly-report", "--",
+		"sh", "-c", `echo "$DLOCK_KEY|$DLOCK_TOKEN|$DLOCK_OWNER"`)...)
+	status, stdout, stderr := p.wait(t)
+	require.Equal(t, 0, status, "stderr: %q", stderr)
+	require.Len(t, stdout, 1)
+	f := strings.Split(stdout[0], "|")
+	require.Len(t, f, 3)
+	assert.Equal(t, "nightly-report", f[0])
+	assert.Equal(t, "1", f[1])
+	owner := strings.Split(f[2], "/") // host/pid/random
+	require.Len(t, owner, 3, "owner %q", f[2])
+	assert.Equal(t, strconv.Itoa(p.cmd.Process.Pid), owner[1])
+	assert.Len(t, owner[2], 32)
+	assert.Equal(t, []string{
+		`dlock run: holding "nightly-report" with token 1`,
+		`dlock run: released "nightly-report"`,
+	}, stderr)
+
+	// Released on exit: another program takes the key at once.
+	m := newClient(t, coll).NewMutex("nightly-report")
+	require.NoError(t, m.TryLock(context.Background()))
+	assert.Equal(t, dlock.Token(2), m.Lease().Token())
+}
+
+func TestRunExitStatus(t *testing.T) {
+	coll := collection(t)
+	dir := t.TempDir()
+	notExecutable := filepath.Join(dir, "script")
+	require.NoError(t, os.WriteFile(notExecutable, []byte("#!/bin/sh\n"), 0o644))
+	for _, tc := range []struct {
+		name    string
+		command []string
+		status  int
+		stderr  string // "" for none
+	}{
+		{name: "success", command: []string{"true"}, status: 0},
+		{name: "failure", command: []string{"sh", "-c", "exit 7"}, status: 7},
+		{name: "killed by a signal", command: []string{"sh", "-c", "kill -KILL $$"}, status: 128 + 9},
+		{name: "not found", command: []string{"no-such-command-dlock"}, status: exitNotFound, stderr: "executable file not found"},
+		{name: "not executable", command: []string{notExecutable}, status: exitCannotRun, stderr: "permission denied"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, _, stderr := dlockRun(t, nil, runArgs(coll, append([]string{"k", "--"}, tc.command...)...)...)
+			assert.Equal(t, tc.status, status)
+			if tc.stderr == "" {
+				assert.Empty(t, stderr)
+			} else {
+				requireOneLine(t, stderr, tc.stderr)
+			}
+		})
+	}
+	// Each run released the key.
+	require.NoError(t, newClient(t, coll).NewMutex("k").TryLock(context.Background()))
+}
+
+// holder starts a dlock run on key whose COMMAND writes "NAME-start" and
+// "NAME-end" to log, and between them waits for a line on its stdin (so
+// the test decides when it ends). It returns once COMMAND has started.
+func holder(t *testing.T, coll, key, name, log string, flags ...string) *process {
+	t.Helper()
+	script := fmt.Sprintf(`echo %[1]s-start >>"$LOG"; echo started; read line; echo %[1]s-end >>"$LOG"`, name)
+	p := start(t, []string{"LOG=" + log}, runArgs(coll, append(flags, key, "--", "sh", "-c", script)...)...)
+	require.Equal(t, "started", line(t, p.stdout, name+" started"))
+	return p
+}
+
+func readLog(t *testing.T, log string) []string {
+	t.Helper()
+	b, err := os.ReadFile(log)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	require.NoError(t, err)
+	return strings.Fields(string(b))
+}
+
+// Two dlock runs on one key: the second waits for the first, and runs its
+// COMMAND only after the first COMMAND ended and the key was released.
+func TestRunWaitsForHolder(t *testing.T) {
+	coll := collection(t)
+	log := filepath.Join(t.TempDir(), "log")
+	a := holder(t, coll, "k", "A", log)
+
+	b := start(t, []string{"LOG=" + log}, runArgs(coll, "-v", "k", "--",
+		"sh", "-c", `echo "B-start-$DLOCK_TOKEN" >>"$LOG"`)...)
+	assert.Equal(t, `dlock run: "k" is held; waiting`, line(t, b.stderr, "B waiting"))
+	assert.Equal(t, []string{"A-start"}, readLog(t, log), "B's COMMAND ran while A held the key")
+
+	fmt.Fprintln(a.stdin, "done") // A's COMMAND ends; A releases
+	status, _, stderr := a.wait(t)
+	require.Equal(t, 0, status, "A: %q", stderr)
+	status, _, stderr = b.wait(t)
+	require.Equal(t, 0, status, "B: %q", stderr)
+	assert.Equal(t, []string{"A-start", "A-end", "B-start-2"}, readLog(t, log))
+}
+
+func TestRunTryAndTimeout(t *testing.T) {
+	coll := collection(t)
+	dir := t.TempDir()
+	log := filepath.Join(dir, "log")
+	a := holder(t, coll, "k", "A", log)
+	ran := filepath.Join(dir, "ran")
+
+	status, stdout, stderr := dlockRun(t, nil, runArgs(coll, "-try", "k", "--", "touch", ran)...)
+	assert.Equal(t, exitHeld, status)
+	assert.Empty(t, stdout)
+	requireOneLine(t, stderr, `"k" is held by another owner (-try)`)
+
+	begin := time.Now()
+	status, _, stderr = dlockRun(t, nil, runArgs(coll, "-timeout", "300ms", "k", "--", "touch", ran)...)
+	assert.Equal(t, exitHeld, status)
+	requireOneLine(t, stderr, `"k" not acquired within -timeout 300ms`)
+	assert.GreaterOrEqual(t, time.Since(begin), 300*time.Millisecond)
+
+	assert.NoFileExists(t, ran, "COMMAND ran while the key was held")
+	a.stdin.Close()
+	status, _, _ = a.wait(t)
+	assert.Equal(t, 0, status)
+}
+
+// When the lease is lost, COMMAND is stopped: with SIGTERM when it heeds
+// it, with SIGKILL after -grace when it does not; dlock exits 124.
+func TestRunLostLeaseStopsCommand(t *testing.T) {
+	t.Run("frozen, then taken over", func(t *testing.T) {
+		coll := collection(t)
+		log := filepath.Join(t.TempDir(), "log")
+		script := `trap 'echo TERM >>"$LOG"; kill $! 2>/dev/null; exit 3' TERM; echo started; sleep 60 & wait`
+		p := start(t, []string{"LOG=" + log}, runArgs(coll, "-ttl", "1s", "-grace", "5s", "k", "--", "sh", "-c", script)...)
+		require.Equal(t, "started", line(t, p.stdout, "COMMAND started"))
+
+		// Freeze dlock; another program takes the key once its lease has
+		// lapsed (a TTL of watching it unchanged), then dlock resumes.
+		require.NoError(t, p.cmd.Process.Signal(syscall.SIGSTOP))
+		m := newClient(t, coll).NewMutex("k")
+		ctx, cancel := context.WithTimeout(context.Background(), watchdog)
+		defer cancel()
+		require.NoError(t, m.Lock(ctx))
+		require.NoError(t, p.cmd.Process.Signal(syscall.SIGCONT))
+
+		status, _, stderr := p.wait(t)
+		assert.Equal(t, exitLost, status)
+		require.NotEmpty(t, stderr)
+		assert.Contains(t, stderr[0], `dlock run: lease on "k" (token 1) lost`)
+		assert.Contains(t, stderr[0], "stopping COMMAND (SIGTERM, SIGKILL after 5s)")
+		assert.Equal(t, []string{"TERM"}, readLog(t, log), "COMMAND did not get SIGTERM")
+		require.NoError(t, m.Lease().Err(), "dlock's exit freed the new holder's key")
+	})
+
+	t.Run("TERM ignored, at -max-hold", func(t *testing.T) {
+		coll := collection(t)
+		begin := time.Now()
+		p := start(t, nil, runArgs(coll, "-ttl", "1s", "-max-hold", "1s", "-grace", "300ms", "k", "--",
+			"sh", "-c", `trap '' TERM; echo started; sleep 60`)...)
+		require.Equal(t, "started", line(t, p.stdout, "COMMAND started"))
+		status, _, stderr := p.wait(t) // fails if the sleep survived, holding the output open
+		took := time.Since(begin)
+		assert.Equal(t, exitLost, status)
+		require.Len(t, stderr, 2, "stderr: %q", stderr)
+		assert.Contains(t, stderr[0], "maximum hold time reached")
+		assert.Contains(t, stderr[1], "COMMAND still running 300ms after SIGTERM; sending SIGKILL")
+		assert.Greater(t, took, 1270*time.Millisecond, "killed before the cap (0.97 s for a TTL of 1 s) and -grace")
+	})
+}
+
+func TestRunForwardsSignals(t *testing.T) {
+	coll := collection(t)
+	log := filepath.Join(t.TempDir(), "log")
+	script := `trap 'echo INT >>"$LOG"; kill $! 2>/dev/null; exit 5' INT; echo started; sleep 60 & wait`
+	p := start(t, []string{"LOG=" + log}, runArgs(coll, "k", "--", "sh", "-c", script)...)
+	require.Equal(t, "started", line(t, p.stdout, "COMMAND started"))
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGINT))
+	status, _, stderr := p.wait(t)
+	assert.Equal(t, 5, status, "stderr: %q", stderr)
+	assert.Equal(t, []string{"INT"}, readLog(t, log))
+
+	// A signal while waiting for the key ends the wait.
+	a := holder(t, coll, "k", "A", log)
+	b := start(t, nil, runArgs(coll, "-v", "k", "--", "true")...)
+	line(t, b.stderr, "B waiting")
+	require.NoError(t, b.cmd.Process.Signal(syscall.SIGTERM))
+	status, _, stderr = b.wait(t)
+	assert.Equal(t, 128+int(syscall.SIGTERM), status)
+	requireOneLine(t, stderr, `dlock run: terminated while waiting for "k"`)
+	a.stdin.Close()
+	a.wait(t)
+}
+
+func TestRunUnreachableServer(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	closed := l.Addr().String()
+	l.Close()
+	begin := time.Now()
+	status, _, stderr := dlockRun(t, nil, "run", "-uri", "mongodb://"+closed+"/", "-connect-timeout", "500ms", "k", "--", "true")
+	assert.Equal(t, exitUnavailable, status)
+	requireOneLine(t, stderr, "dlock run: could not reach the server")
+	assert.Less(t, time.Since(begin), 5*time.Second)
+
+	status, _, stderr = dlockRun(t, nil, "run", "k", "--", "true") // no -uri, no MONGODB_URI
+	assert.Equal(t, exitUsage, status)
+	requireOneLine(t, stderr, "no server: set -uri or MONGODB_URI")
+}
+
+func TestUsage(t *testing.T) {
+	coll := collection(t)
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		status int
+		stderr string // the one line expected on stderr; "" for none
+	}{
+		{name: "unknown subcommand", args: []string{"frob"}, status: exitUsage, stderr: `dlock: unknown subcommand "frob"`},
+		{name: "flag before the subcommand", args: []string{"-ttl", "1s", "run"}, status: exitUsage, stderr: "flags go after the subcommand"},
+		{name: "bad flag", args: runArgs(coll, "-nope", "k", "--", "true"), status: exitUsage,
+			stderr: "dlock run: flag provided but not defined: -nope (dlock run -h for help)"},
+		{name: "bad duration", args: runArgs(coll, "-ttl", "soon", "k", "--", "true"), status: exitUsage,
+			stderr: `invalid value "soon" for flag -ttl`},
+		{name: "no --", args: runArgs(coll, "k", "true"), status: exitUsage, stderr: "want KEY -- COMMAND"},
+		{name: "flag after KEY", args: runArgs(coll, "k", "-try", "--", "true"), status: exitUsage, stderr: "with the flags before KEY"},
+		{name: "no COMMAND", args: runArgs(coll, "k", "--"), status: exitUsage, stderr: "want KEY -- COMMAND"},
+		{name: "no KEY", args: runArgs(coll), status: exitUsage, stderr: "missing KEY"},
+		{name: "negative grace", args: runArgs(coll, "-grace", "-1s", "k", "--", "true"), status: exitUsage, stderr: "-grace -1s is negative"},
+		{name: "max hold under the TTL", args: runArgs(coll, "-ttl", "10s", "-max-hold", "1s", "k", "--", "true"), status: exitUsage,
+			stderr: "maximum hold 1s is shorter than the TTL 10s"},
+		{name: "invalid key", args: runArgs(coll, "", "--", "true"), status: exitUsage, stderr: "invalid key: empty"},
+		{name: "bad URI", args: []string{"run", "-uri", "http://x", "k", "--", "true"}, status: exitUsage, stderr: "dlock run: -uri:"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, stdout, stderr := dlockRun(t, nil, tc.args...)
+			assert.Equal(t, tc.status, status)
+			assert.Empty(t, stdout)
+			requireOneLine(t, stderr, tc.stderr)
+		})
+	}
+
+	t.Run("no arguments", func(t *testing.T) {
+		status, _, stderr := dlockRun(t, nil)
+		assert.Equal(t, exitUsage, status)
+		assert.Contains(t, strings.Join(stderr, "\n"), "dlock run [flags] KEY -- COMMAND")
+	})
+	for _, args := range [][]string{{"-h"}, {"help"}} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			status, stdout, stderr := dlockRun(t, nil, args...)
+			assert.Equal(t, 0, status)
+			assert.Empty(t, stderr)
+			assert.Contains(t, strings.Join(stdout, "\n"), "  run      run COMMAND while holding the lock KEY")
+		})
+	}
+	for _, args := range [][]string{{"run", "-h"}, {"help", "run"}} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			status, stdout, stderr := dlockRun(t, nil, args...)
+			assert.Equal(t, 0, status)
+			assert.Empty(t, stderr)
+			help := strings.Join(stdout, "\n")
+			for _, flag := range []string{"uri", "db", "collection", "connect-timeout", "ttl", "try", "timeout", "grace", "max-hold", "v"} {
+				assert.Regexp(t, `(?m)^  -`+flag+`\b`, help, "flag -%s not explained", flag)
+			}
+			assert.Contains(t, help, "124 the lease was lost")
+		})
+	}
+}

@@ -1,0 +1,312 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+)
+
+const runDescription = `
+Run takes the lock KEY, waiting while another holds it, runs COMMAND with
+DLOCK_KEY, DLOCK_TOKEN (the fencing token of this hold) and DLOCK_OWNER in
+its environment, keeps the lock's lease extended while COMMAND runs, and
+releases the lock when COMMAND exits. It exits with COMMAND's status.
+
+If the lease is lost while COMMAND runs (the server could not be reached
+for a TTL, this process was frozen, or -max-hold passed), run sends SIGTERM
+to COMMAND's process group, SIGKILL after -grace, and exits with status 124.
+SIGINT and SIGTERM sent to run are passed on to COMMAND's process group.
+
+Exit status: COMMAND's (128+N if a signal N killed it); 64 bad usage;
+69 could not reach the server; 75 KEY held (-try, or -timeout passed);
+124 the lease was lost; 126 COMMAND could not be run; 127 COMMAND not found.`
+
+// runFlags are the settings of one "dlock run".
+type runFlags struct {
+	server  serverFlags
+	ttl     time.Duration
+	try     bool
+	timeout time.Duration
+	grace   time.Duration
+	maxHold time.Duration
+	verbose bool
+}
+
+func runMain(sub *subcommand, args []string) int {
+	var f runFlags
+	fs := newFlagSet(sub, runDescription)
+	f.server.register(fs)
+	fs.DurationVar(&f.ttl, "ttl", dlock.DefaultTTL,
+		"the lease's TTL: if this process stops extending the lease (crash, freeze, partition), others can take KEY this long after its last extension")
+	fs.BoolVar(&f.try, "try", false,
+		"do not wait: if KEY is held, exit at once with status 75 without running COMMAND")
+	fs.DurationVar(&f.timeout, "timeout", 0,
+		"wait at most this long for KEY, then exit with status 75 without running COMMAND (0: no limit)")
+	fs.DurationVar(&f.grace, "grace", 10*time.Second,
+		"when the lease is lost, how long COMMAND has to exit after SIGTERM before SIGKILL")
+	fs.DurationVar(&f.maxHold, "max-hold", 0,
+		"end the hold this long after taking KEY, as a lost lease (COMMAND is stopped, status 124); 0 for no limit, else at least -ttl")
+	fs.BoolVar(&f.verbose, "v", false, "report on stderr when run waits for KEY, takes it and releases it")
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	rest := fs.Args()
+	switch {
+	case len(rest) == 0:
+		return failf(exitUsage, "dlock run: missing KEY -- COMMAND (dlock run -h for help)")
+	case len(rest) < 3 || rest[1] != "--":
+		return failf(exitUsage, "dlock run: want KEY -- COMMAND [ARGS...], with the flags before KEY (dlock run -h for help)")
+	case f.timeout < 0:
+		return failf(exitUsage, "dlock run: -timeout %v is negative", f.timeout)
+	case f.grace < 0:
+		return failf(exitUsage, "dlock run: -grace %v is negative", f.grace)
+	}
+	r := &runner{flags: f, key: rest[0], argv: rest[2:]}
+	return r.run()
+}
+
+// A runner is one "dlock run": it owns the connection, the dlock Client
+// and the child, and the main goroutine drives it.
+type runner struct {
+	flags runFlags
+	key   string
+	argv  []string
+
+	owner  string
+	mc     *mongo.Client // set once connected
+	client *dlock.Client // set once connected
+	mu     *dlock.Mutex
+}
+
+// errInterrupted is the cause of a wait ended by SIGINT or SIGTERM.
+var errInterrupted = errors.New("interrupted")
+
+func (r *runner) run() int {
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	defer r.close()
+
+	// Connect and take the lock in a goroutine, so that a signal can stop
+	// the wait; the goroutine ends when acquire returns, which the
+	// cancellation makes prompt.
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	acquired := make(chan int, 1)
+	go func() { acquired <- r.acquire(ctx) }()
+	var code int
+	select {
+	case code = <-acquired:
+	case sig := <-sigs:
+		cancel(errInterrupted)
+		<-acquired // a hold won as the wait was cancelled is released by close
+		return failf(signalStatus(sig), "dlock run: %v while waiting for %q", sig, r.key)
+	}
+	if code != 0 {
+		return code
+	}
+	return r.supervise(sigs)
+}
+
+// acquire connects, takes the lock, and returns 0 or the exit status to
+// fail with.
+func (r *runner) acquire(ctx context.Context) int {
+	r.owner = newOwner()
+	mc, coll, err := r.flags.server.connect(ctx)
+	switch {
+	case context.Cause(ctx) == errInterrupted:
+		return 1 // the caller reports the signal
+	case errors.Is(err, errUnreachable):
+		return failf(exitUnavailable, "dlock run: %v", err)
+	case err != nil:
+		return failf(exitUsage, "dlock run: %v", err)
+	}
+	r.mc = mc
+	client, err := dlock.NewClient(coll, dlock.WithTTL(r.flags.ttl), dlock.WithMaxHold(r.flags.maxHold), dlock.WithOwner(r.owner))
+	if err != nil {
+		return failf(exitUsage, "dlock run: %s", errorText(err))
+	}
+	r.client = client
+	r.mu = client.NewMutex(r.key)
+
+	wait := ctx
+	if r.flags.timeout > 0 {
+		var cancel context.CancelFunc
+		wait, cancel = context.WithTimeout(ctx, r.flags.timeout)
+		defer cancel()
+	}
+	err = r.mu.TryLock(wait)
+	if err != nil && !r.flags.try && !errors.Is(err, dlock.ErrInvalidKey) && wait.Err() == nil {
+		if errors.Is(err, dlock.ErrLocked) && r.flags.verbose {
+			fmt.Fprintf(os.Stderr, "dlock run: %q is held; waiting\n", r.key)
+		}
+		err = r.mu.Lock(wait) // retries what waiting may mend
+	}
+	switch {
+	case err == nil:
+		if r.flags.verbose {
+			fmt.Fprintf(os.Stderr, "dlock run: holding %q with token %d\n", r.key, r.mu.Lease().Token())
+		}
+		return 0
+	case context.Cause(ctx) == errInterrupted:
+		return 1 // the caller reports the signal
+	case errors.Is(err, dlock.ErrLocked):
+		return failf(exitHeld, "dlock run: %q is held by another owner (-try)", r.key)
+	case errors.Is(err, context.DeadlineExceeded) && wait.Err() != nil:
+		return failf(exitHeld, "dlock run: %q not acquired within -timeout %v", r.key, r.flags.timeout)
+	case errors.Is(err, dlock.ErrInvalidKey), errors.Is(err, dlock.ErrInvalidOption):
+		return failf(exitUsage, "dlock run: %s", errorText(err))
+	default:
+		return failf(exitUnavailable, "dlock run: %s", errorText(err))
+	}
+}
+
+// supervise runs COMMAND under the lease, and returns the exit status.
+func (r *runner) supervise(sigs <-chan os.Signal) int {
+	lease := r.mu.Lease()
+	cmd := exec.Command(r.argv[0], r.argv[1:]...)
+	cmd.Env = append(os.Environ(),
+		"DLOCK_KEY="+r.key,
+		"DLOCK_TOKEN="+strconv.FormatUint(uint64(lease.Token()), 10),
+		"DLOCK_OWNER="+r.owner)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	ownGroup(cmd)
+	if err := cmd.Start(); err != nil {
+		code := exitCannotRun
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+			code = exitNotFound
+		}
+		return failf(code, "dlock run: %v", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }() // ends when COMMAND does; waited for below
+
+	lostCh := lease.Lost()
+	var (
+		lost  error
+		kill  *time.Timer
+		killC <-chan time.Time
+		err   error
+	)
+wait:
+	for {
+		select {
+		case err = <-exited:
+			break wait
+		case sig := <-sigs:
+			signalGroup(cmd, sig)
+		case <-lostCh:
+			lostCh = nil
+			lost = lease.Err()
+			fmt.Fprintf(os.Stderr, "dlock run: %s; stopping COMMAND (SIGTERM, SIGKILL after %v)\n", errorText(lost), r.flags.grace)
+			signalGroup(cmd, syscall.SIGTERM)
+			kill = time.NewTimer(r.flags.grace)
+			killC = kill.C
+		case <-killC:
+			killC = nil
+			fmt.Fprintf(os.Stderr, "dlock run: COMMAND still running %v after SIGTERM; sending SIGKILL\n", r.flags.grace)
+			signalGroup(cmd, syscall.SIGKILL)
+		}
+	}
+	if kill != nil {
+		kill.Stop()
+	}
+	if lost == nil {
+		select {
+		case <-lease.Lost(): // lost as COMMAND exited: it may have run unprotected
+			lost = lease.Err()
+			fmt.Fprintf(os.Stderr, "dlock run: %s as COMMAND exited\n", errorText(lost))
+		default:
+		}
+	}
+	if lost != nil {
+		signalGroup(cmd, syscall.SIGKILL) // what COMMAND left running in its group
+		return exitLost
+	}
+	return exitStatus(err)
+}
+
+// close releases the lock, if held, and closes the connection. Each step is
+// bounded: a release that gets no answer leaves the key to free itself a
+// TTL later.
+func (r *runner) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), max(r.flags.ttl, time.Second))
+	defer cancel()
+	if r.mu != nil && r.mu.Lease() != nil {
+		lease := r.mu.Lease()
+		err := r.mu.Unlock(ctx)
+		switch {
+		case err == nil:
+			if r.flags.verbose {
+				fmt.Fprintf(os.Stderr, "dlock run: released %q\n", r.key)
+			}
+		case errors.Is(err, dlock.ErrLeaseLost) && errors.Is(lease.Err(), dlock.ErrLeaseLost):
+			// Lost, and said so already.
+		default:
+			fmt.Fprintf(os.Stderr, "dlock run: release %q: %s (it frees itself within -ttl)\n", r.key, errorText(err))
+		}
+	}
+	if r.client != nil {
+		r.client.Close(ctx)
+	}
+	if r.mc != nil {
+		r.mc.Disconnect(ctx)
+	}
+}
+
+// exitStatus is the status to exit with for COMMAND's Wait error: its exit
+// status, or 128+N when signal N killed it, as a shell reports it.
+func exitStatus(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ee.ExitCode()
+	}
+	return failf(exitCannotRun, "dlock run: %v", err)
+}
+
+// signalStatus is the status of a process that a signal ended, as a shell
+// reports it.
+func signalStatus(sig os.Signal) int {
+	if s, ok := sig.(syscall.Signal); ok {
+		return 128 + int(s)
+	}
+	return 1
+}
+
+// newOwner returns the owner identity of this run: readable (host and
+// process), and unique and hard to guess (128 random bits), as
+// dlock.WithOwner requires.
+func newOwner() string {
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown-host"
+	}
+	var b [16]byte
+	rand.Read(b[:]) // never fails; see crypto/rand.Read
+	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// errorText is a library error's message without its "dlock: " prefix,
+// which the command's own prefix replaces.
+func errorText(err error) string {
+	return strings.TrimPrefix(err.Error(), "dlock: ")
+}
