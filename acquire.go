@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -174,11 +175,13 @@ func kindError(key, want, got string) error {
 	name := func(k string) string {
 		switch {
 		case k == "":
-			return "Mutex (or Election)"
+			return "Mutex"
 		case k == kindRW:
 			return "RWMutex"
-		default:
+		case strings.HasPrefix(k, "sem/"):
 			return "Semaphore of " + k[len("sem/"):] + " permits"
+		default:
+			return k
 		}
 	}
 	return fmt.Errorf("%w: %q is used as a %s, not as a %s", ErrKindMismatch, key, name(got), name(want))

@@ -227,7 +227,7 @@ func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover stamp) (re
 	}
 	ours := bson.D{{Key: fOwner, Value: a.owner}, {Key: fHold, Value: a.hold}}
 	free := bson.D{{Key: fOwner, Value: ""}}
-	if a.kind != "" {
+	if a.kind == kindRW {
 		free = append(free, bson.E{Key: fN, Value: notPositive})
 	}
 	or := bson.A{free, ours}
@@ -242,7 +242,7 @@ func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover stamp) (re
 	} else {
 		unset = append(unset, bson.E{Key: fData, Value: ""})
 	}
-	if a.kind != "" { // an RWMutex's writer: no shared holds, or only stale ones (a takeover)
+	if a.kind == kindRW { // an RWMutex's writer: no shared holds, or only stale ones (a takeover)
 		update[0].Value = append(update[0].Value.(bson.D), bson.E{Key: fH, Value: bson.D{}}, bson.E{Key: fN, Value: 0})
 		if a.registered {
 			unset = append(unset, bson.E{Key: path(fW, a.holdKey()), Value: ""})
