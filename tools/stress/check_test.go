@@ -2,6 +2,7 @@ package stress
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -111,6 +112,7 @@ func check(events []event, final map[string]int64, end, calm int64) report {
 func checkTakeovers(events []event, r *report) {
 	type hold struct {
 		p                              int
+		shared                         bool
 		call, acquired, lost, released int64
 	}
 	holds := map[string]map[uint64]*hold{}
@@ -122,7 +124,7 @@ func checkTakeovers(events []event, r *report) {
 		case opLockCall:
 			calling[e.P] = e
 		case opAcquired:
-			h := &hold{p: e.P, call: e.T, acquired: e.T}
+			h := &hold{p: e.P, shared: e.Sh, call: e.T, acquired: e.T}
 			if c, ok := calling[e.P]; ok && c.Key == e.Key {
 				h.call = c.T
 			}
@@ -164,7 +166,17 @@ func checkTakeovers(events []event, r *report) {
 	for key, byTok := range holds {
 		toks := slices.Sorted(maps.Keys(byTok))
 		for i, tok := range toks[:max(len(toks)-1, 0)] {
-			h, next := byTok[tok], byTok[toks[i+1]]
+			// The hold that takes over from h: the next one, or, for a
+			// shared hold, the next exclusive one (shared holds overlap,
+			// and a Semaphore's permits have none).
+			h, j := byTok[tok], i+1
+			for h.shared && j < len(toks) && byTok[toks[j]].shared {
+				j++
+			}
+			if j == len(toks) {
+				continue
+			}
+			next := byTok[toks[j]]
 			if next.p == h.p || h.released != 0 && h.released < next.acquired {
 				continue // the holder's own next hold, or handed on
 			}
@@ -177,11 +189,11 @@ func checkTakeovers(events []event, r *report) {
 			case h.lost != 0:
 				r.violations = append(r.violations, fmt.Sprintf(
 					"%s: token %d (process %d) lost at %d, after process %d acquired token %d at %d",
-					key, tok, h.p, h.lost, next.p, toks[i+1], next.acquired))
+					key, tok, h.p, h.lost, next.p, toks[j], next.acquired))
 			default:
 				r.violations = append(r.violations, fmt.Sprintf(
 					"%s: token %d (process %d, acquired at %d) taken over with no loss seen: process %d acquired token %d at %d",
-					key, tok, h.p, h.acquired, next.p, toks[i+1], next.acquired))
+					key, tok, h.p, h.acquired, next.p, toks[j], next.acquired))
 			}
 		}
 	}
@@ -189,9 +201,15 @@ func checkTakeovers(events []event, r *report) {
 
 // checkExclusion: for each key, every instant at which a holder saw its
 // lease valid precedes every instant at which a holder with a newer token
-// saw its own valid. Two holders never both believed they held the key.
+// saw its own valid, unless both holds are shared (an RWMutex's readers):
+// two holders never both believed they held the key, and never a writer
+// beside a reader. For the Semaphore's key, no instant lies within the
+// valid spans of more than semPermits holds.
 func checkExclusion(events []event, r *report) {
-	type span struct{ first, last int64 }
+	type span struct {
+		first, last int64
+		shared      bool
+	}
 	holds := map[string]map[uint64]*span{}
 	for _, e := range events {
 		if e.Op != opValid {
@@ -202,7 +220,7 @@ func checkExclusion(events []event, r *report) {
 		}
 		s := holds[e.Key][e.Tok]
 		if s == nil {
-			s = &span{e.T, e.T}
+			s = &span{e.T, e.T, e.Sh}
 			holds[e.Key][e.Tok] = s
 			r.holds++
 		}
@@ -210,15 +228,36 @@ func checkExclusion(events []event, r *report) {
 	}
 	for key, byTok := range holds {
 		toks := slices.Sorted(maps.Keys(byTok))
-		var lastOlder int64 = math.MinInt64
-		var olderTok uint64
-		for _, t := range toks {
-			if s := byTok[t]; s.first <= lastOlder {
-				r.violations = append(r.violations, fmt.Sprintf(
-					"%s: token %d valid at %d, token %d still valid at %d", key, t, s.first, olderTok, lastOlder))
+		if key == semKey {
+			// A sweep: +1 at each span's first instant, -1 after its last.
+			type edge struct {
+				t int64
+				d int
 			}
-			if s := byTok[t]; s.last > lastOlder {
-				lastOlder, olderTok = s.last, t
+			var edges []edge
+			for _, s := range byTok {
+				edges = append(edges, edge{s.first, 1}, edge{s.last + 1, -1})
+			}
+			slices.SortFunc(edges, func(a, b edge) int { return cmp.Or(cmp.Compare(a.t, b.t), cmp.Compare(a.d, b.d)) })
+			n := 0
+			for _, e := range edges {
+				if n += e.d; n > semPermits {
+					r.violations = append(r.violations, fmt.Sprintf("%s: %d permits valid at %d, of %d", key, n, e.t, semPermits))
+					break
+				}
+			}
+			continue
+		}
+		for i, t := range toks {
+			for _, u := range toks[i+1:] { // u newer than t
+				older, newer := byTok[t], byTok[u]
+				if older.shared && newer.shared {
+					continue
+				}
+				if newer.first <= older.last {
+					r.violations = append(r.violations, fmt.Sprintf(
+						"%s: token %d valid at %d, token %d still valid at %d", key, u, newer.first, t, older.last))
+				}
 			}
 		}
 	}

@@ -1,6 +1,7 @@
 package stress
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -15,6 +16,34 @@ import (
 func TestCheckerCatchesViolations(t *testing.T) {
 	t.Run("registers", testCheckerRegisters)
 	t.Run("takeovers", testCheckerTakeovers)
+	t.Run("shared", testCheckerShared)
+}
+
+func testCheckerShared(t *testing.T) {
+	// valid is a hold of token tok on key, seen valid from first to last.
+	valid := func(key string, tok uint64, shared bool, first, last int64) []event {
+		return []event{{Op: opValid, Key: key, Tok: tok, Sh: shared, T: first}, {Op: opValid, Key: key, Tok: tok, Sh: shared, T: last}}
+	}
+	for _, tc := range []struct {
+		name      string
+		holds     [][]event
+		violation bool
+	}{
+		{"readers overlap", [][]event{valid(rwKey, 1, true, 0, 10), valid(rwKey, 2, true, 5, 15)}, false},
+		{"a writer beside an older reader", [][]event{valid(rwKey, 1, true, 0, 10), valid(rwKey, 2, false, 5, 15)}, true},
+		{"a reader beside an older writer", [][]event{valid(rwKey, 1, false, 0, 10), valid(rwKey, 2, true, 5, 15)}, true},
+		{"a writer beside a reader, not adjacent in tokens", [][]event{valid(rwKey, 1, true, 0, 20), valid(rwKey, 2, true, 5, 6), valid(rwKey, 3, false, 15, 25)}, true},
+		{"reader, then writer, then reader", [][]event{valid(rwKey, 1, true, 0, 10), valid(rwKey, 2, false, 11, 20), valid(rwKey, 3, true, 21, 30)}, false},
+		{"two permits at once", [][]event{valid(semKey, 1, true, 0, 10), valid(semKey, 2, true, 5, 15)}, false},
+		{"three permits at once", [][]event{valid(semKey, 1, true, 0, 10), valid(semKey, 2, true, 5, 15), valid(semKey, 3, true, 9, 20)}, true},
+		{"three permits, two at a time", [][]event{valid(semKey, 1, true, 0, 10), valid(semKey, 2, true, 5, 15), valid(semKey, 3, true, 11, 20)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r report
+			checkExclusion(slices.Concat(tc.holds...), &r)
+			assert.Equal(t, tc.violation, len(r.violations) > 0, "violations: %q", r.violations)
+		})
+	}
 }
 
 func testCheckerRegisters(t *testing.T) {

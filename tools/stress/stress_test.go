@@ -93,6 +93,7 @@ type scenario struct {
 	kill        bool     // the test kills workers (SIGKILL) and starts new ones
 	freeze      bool     // the test stops workers (SIGSTOP) past the TTL, then resumes them
 	restart     bool     // the test kills the server process and starts it again on the same data
+	shared      bool     // the workers lock an RWMutex's key and a Semaphore's (rwKey, semKey), not keys
 }
 
 // Faults the test injects, as history records them.
@@ -144,6 +145,17 @@ func TestManyProcesses(t *testing.T) {
 	assert.Positive(t, len(r.faults), "faults injected")
 }
 
+// TestSharedKeys: worker processes take an RWMutex's key, shared or
+// exclusively (its writers read and write its register, its readers read
+// it), and a Semaphore's permits, while holders are killed and frozen and
+// replies are slow. Checked as TestFaults checks a Mutex's key, with
+// readers allowed to overlap each other and at most semPermits permits
+// valid at an instant.
+func TestSharedKeys(t *testing.T) {
+	r := run(t, scenario{procs: 4, duration: 10 * time.Second, shared: true, net: []string{faultLatency}, kill: true, freeze: true})
+	assert.Positive(t, r.faults[faultKill]+r.faults[faultFreeze], "faults injected")
+}
+
 // run runs a scenario, checks its history and returns the report. The
 // history of a run with violations is kept (see keepHistory).
 func run(t *testing.T, sc scenario) report {
@@ -161,8 +173,15 @@ func run(t *testing.T, sc scenario) report {
 		uri, db = setup(t)
 	}
 	ctx := context.Background()
-	for i := range sc.keys {
-		_, err := db.Collection("data").InsertOne(ctx, bson.D{{Key: "_id", Value: fmt.Sprint("key-", i)}, {Key: "value", Value: int64(0)}})
+	registers := []string{rwKey}
+	if !sc.shared {
+		registers = nil
+		for i := range sc.keys {
+			registers = append(registers, fmt.Sprint("key-", i))
+		}
+	}
+	for _, key := range registers {
+		_, err := db.Collection("data").InsertOne(ctx, bson.D{{Key: "_id", Value: key}, {Key: "value", Value: int64(0)}})
 		require.NoError(t, err)
 	}
 	logPath := filepath.Join(t.TempDir(), "history.jsonl")
@@ -180,7 +199,7 @@ func run(t *testing.T, sc scenario) report {
 		p := next
 		cmd := command(t, "worker", uri, db, fmt.Sprint(envProc, "=", p), fmt.Sprint(envKeys, "=", sc.keys),
 			fmt.Sprint(envUntil, "=", until.UnixNano()), fmt.Sprint(envCalm, "=", calm.UnixNano()),
-			envLog+"="+logPath, envNet+"="+strings.Join(sc.net, ","))
+			envLog+"="+logPath, envNet+"="+strings.Join(sc.net, ","), envShare+"="+map[bool]string{true: "1"}[sc.shared])
 		require.NoError(t, cmd.Start())
 		procs[p] = cmd
 		go func() { cmd.Wait(); exited <- p }()

@@ -30,6 +30,15 @@ const (
 	envLog   = "DLOCK_STRESS_LOG"   // history file, appended to
 	envNet   = "DLOCK_STRESS_NET"   // network faults to inject, comma-separated (netfaults_test.go)
 	envCalm  = "DLOCK_STRESS_CALM"  // no faults from then on, Unix nanoseconds
+	envShare = "DLOCK_STRESS_SHARED" // "1": lock the keys rwKey (an RWMutex) and semKey (a Semaphore) instead
+)
+
+// The keys of a shared run: an RWMutex's, whose writers read and write its
+// register and whose readers read it, and a Semaphore's of semPermits.
+const (
+	rwKey      = "rw"
+	semKey     = "sem"
+	semPermits = 2
 )
 
 const ttl = time.Second
@@ -44,6 +53,7 @@ type event struct {
 	ID  int    `json:"id,omitempty"`  // pairs a call with its return
 	V   int64  `json:"v,omitempty"`   // value read, or value written
 	Res string `json:"res,omitempty"` // outcome of a write
+	Sh  bool   `json:"sh,omitempty"`  // a shared hold: an RWMutex's read hold or a Semaphore's permit
 	T   int64  `json:"t"`
 }
 
@@ -129,9 +139,25 @@ func runWorker() error {
 	}
 	defer c.Close(context.Background())
 	data := db.Collection("data")
+	shared := os.Getenv(envShare) == "1"
 	seq := 0
 	for now() < until {
-		key := fmt.Sprint("key-", rand.IntN(keys))
+		var key string
+		var hold holder
+		if !shared {
+			key = fmt.Sprint("key-", rand.IntN(keys))
+			hold = mutexHolder{c.NewMutex(key)}
+		} else {
+			switch rand.IntN(3) {
+			case 0:
+				key, hold = rwKey, readHolder{c.NewRWMutex(rwKey)}
+			case 1:
+				key, hold = rwKey, mutexHolder{c.NewRWMutex(rwKey)}
+			default:
+				key, hold = semKey, &semHolder{s: c.NewSemaphore(semKey, semPermits)}
+			}
+		}
+		sh := hold.shared()
 		fault := nf.pick(calm)
 		if fault != "" {
 			h.log(event{Op: opFault, Key: key, Res: fault, T: now()})
@@ -144,16 +170,14 @@ func runWorker() error {
 			time.AfterFunc(100*time.Millisecond, undo) // the acquire's first reply is lost, a retry gets through
 		}
 		ctx, cancel := context.WithDeadline(context.Background(), time.Unix(0, until))
-		mu := c.NewMutex(key)
 		h.log(event{Op: opLockCall, Key: key, T: now()}) // a freeze from here on may leave the hold unseen past its lease
-		err := mu.Lock(ctx)
+		l, err := hold.lock(ctx)
 		cancel()
 		if err != nil {
 			continue
 		}
-		l := mu.Lease()
 		tok := uint64(l.Token())
-		h.log(event{Op: opAcquired, Key: key, Tok: tok, T: now()})
+		h.log(event{Op: opAcquired, Key: key, Tok: tok, Sh: sh, T: now()})
 		go func() {
 			<-l.Done()
 			t := now()
@@ -187,10 +211,15 @@ func runWorker() error {
 			if l.Err() != nil {
 				return false
 			}
-			h.log(event{Op: opValid, Key: key, Tok: tok, T: t})
+			h.log(event{Op: opValid, Key: key, Tok: tok, Sh: sh, T: t})
 			return true
 		}
-		if valid() {
+		if key == semKey { // permits protect no register: the check is how many hold at once
+			if valid() {
+				time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond) // the work
+				valid()
+			}
+		} else if valid() {
 			seq++
 			id := proc*1_000_000 + seq
 			h.log(event{Op: opReadCall, Key: key, Tok: tok, ID: id, T: now()})
@@ -198,7 +227,7 @@ func runWorker() error {
 			if err := data.FindOne(l.Context(), bson.D{{Key: "_id", Value: key}}).Decode(&reg); err == nil {
 				h.log(event{Op: opReadRet, ID: id, V: reg.Value, T: now()})
 				time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond) // the work
-				if valid() {
+				if valid() && !sh { // readers only read
 					seq++
 					id := proc*1_000_000 + seq
 					h.log(event{Op: opWriteCall, Key: key, Tok: tok, ID: id, V: reg.Value + 1, T: now()})
@@ -213,11 +242,58 @@ func runWorker() error {
 			}
 		}
 		h.log(event{Op: opRelease, Key: key, Tok: tok, T: now()})
-		mu.Unlock(context.Background())
+		hold.unlock(context.Background())
 		undo()
 	}
 	return nil
 }
+
+// A holder is how a worker takes and gives back a hold of its key.
+type holder interface {
+	lock(ctx context.Context) (*dlock.Lease, error)
+	unlock(ctx context.Context) error
+	shared() bool
+}
+
+// mutexHolder holds a Mutex's key, or an RWMutex's exclusively.
+type mutexHolder struct {
+	m interface {
+		Lock(context.Context) error
+		Unlock(context.Context) error
+		Lease() *dlock.Lease
+	}
+}
+
+func (m mutexHolder) lock(ctx context.Context) (*dlock.Lease, error) {
+	err := m.m.Lock(ctx)
+	return m.m.Lease(), err
+}
+func (m mutexHolder) unlock(ctx context.Context) error { return m.m.Unlock(ctx) }
+func (mutexHolder) shared() bool                       { return false }
+
+// readHolder holds an RWMutex's key shared.
+type readHolder struct{ rw *dlock.RWMutex }
+
+func (r readHolder) lock(ctx context.Context) (*dlock.Lease, error) {
+	err := r.rw.RLock(ctx)
+	return r.rw.Lease(), err
+}
+func (r readHolder) unlock(ctx context.Context) error { return r.rw.RUnlock(ctx) }
+func (readHolder) shared() bool                       { return true }
+
+// semHolder holds a Semaphore's permit.
+type semHolder struct {
+	s *dlock.Semaphore
+	l *dlock.Lease
+}
+
+func (s *semHolder) lock(ctx context.Context) (*dlock.Lease, error) {
+	var err error
+	s.l, err = s.s.Acquire(ctx)
+	return s.l, err
+}
+func (s *semHolder) unlock(ctx context.Context) error { return s.l.Release(ctx) }
+func (*semHolder) shared() bool                       { return true }
 
 // write sets the register to v, fenced by t, and says what became of it.
 // It does not use the lease's context: a write that a pause delayed past
