@@ -24,12 +24,12 @@ const (
 	envMode  = "DLOCK_STRESS_MODE" // "worker" or "frozen"
 	envURI   = "DLOCK_STRESS_URI"
 	envDB    = "DLOCK_STRESS_DB"
-	envProc  = "DLOCK_STRESS_PROC"  // process number, unique in a run
-	envKeys  = "DLOCK_STRESS_KEYS"  // number of keys contended for
-	envUntil = "DLOCK_STRESS_UNTIL" // stop time, Unix nanoseconds
-	envLog   = "DLOCK_STRESS_LOG"   // history file, appended to
-	envNet   = "DLOCK_STRESS_NET"   // network faults to inject, comma-separated (netfaults_test.go)
-	envCalm  = "DLOCK_STRESS_CALM"  // no faults from then on, Unix nanoseconds
+	envProc  = "DLOCK_STRESS_PROC"   // process number, unique in a run
+	envKeys  = "DLOCK_STRESS_KEYS"   // number of keys contended for
+	envUntil = "DLOCK_STRESS_UNTIL"  // stop time, Unix nanoseconds
+	envLog   = "DLOCK_STRESS_LOG"    // history file, appended to
+	envNet   = "DLOCK_STRESS_NET"    // network faults to inject, comma-separated (netfaults_test.go)
+	envCalm  = "DLOCK_STRESS_CALM"   // no faults from then on, Unix nanoseconds
 	envShare = "DLOCK_STRESS_SHARED" // "1": lock the keys rwKey (an RWMutex) and semKey (a Semaphore) instead
 )
 
@@ -227,7 +227,7 @@ func runWorker() error {
 			if err := data.FindOne(l.Context(), bson.D{{Key: "_id", Value: key}}).Decode(&reg); err == nil {
 				h.log(event{Op: opReadRet, ID: id, V: reg.Value, T: now()})
 				time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond) // the work
-				if valid() && !sh { // readers only read
+				if valid() && !sh {                                         // readers only read
 					seq++
 					id := proc*1_000_000 + seq
 					h.log(event{Op: opWriteCall, Key: key, Tok: tok, ID: id, V: reg.Value + 1, T: now()})
