@@ -106,6 +106,94 @@ func BenchmarkLockUnlock(b *testing.B) {
 	}
 }
 
+// BenchmarkShared: an uncontended RLock+RUnlock of an RWMutex and
+// Acquire+Release of a Semaphore's permit (two commands each, once the
+// primitive knows the key's token counter), beside a Mutex's Lock+Unlock;
+// and 8 goroutines of one Client that RLock at once, then RUnlock: they
+// share one hold on the server, so the 8 cost what one does.
+func BenchmarkShared(b *testing.B) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		op   func(c *Client) func() error
+	}{
+		{"mutex", func(c *Client) func() error {
+			m := c.NewMutex("k")
+			return func() error {
+				if err := m.Lock(ctx); err != nil {
+					return err
+				}
+				return m.Unlock(ctx)
+			}
+		}},
+		{"rlock", func(c *Client) func() error {
+			rw := c.NewRWMutex("k")
+			return func() error {
+				if err := rw.RLock(ctx); err != nil {
+					return err
+				}
+				return rw.RUnlock(ctx)
+			}
+		}},
+		{"semaphore", func(c *Client) func() error {
+			s := c.NewSemaphore("k", 4)
+			return func() error {
+				l, err := s.Acquire(ctx)
+				if err != nil {
+					return err
+				}
+				return l.Release(ctx)
+			}
+		}},
+		{"rlock/readers=8", func(c *Client) func() error {
+			rw := c.NewRWMutex("k")
+			return func() error {
+				var all, done sync.WaitGroup
+				errs := make(chan error, 16)
+				all.Add(8)
+				for range 8 {
+					done.Add(1)
+					go func() {
+						defer done.Done()
+						err := rw.RLock(ctx)
+						all.Done()
+						if err != nil {
+							errs <- err
+							return
+						}
+						all.Wait() // all 8 hold at once
+						errs <- rw.RUnlock(ctx)
+					}()
+				}
+				done.Wait()
+				close(errs)
+				for err := range errs {
+					if err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+		}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			c := newClient(b, newColl(b))
+			op := tc.op(c)
+			if err := op(); err != nil { // creates the document; learns the key's counter
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			mark := commands.total.Load()
+			for b.Loop() {
+				if err := op(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportCommands(b, mark, b.N)
+		})
+	}
+}
+
 // BenchmarkLockPruned: Lock+Unlock of a key whose document Prune has just
 // deleted (outside the timer), beside the same on a key that exists: the
 // cost of re-creating a document (the acquire, a read of the floor and the
