@@ -1,24 +1,33 @@
-// Package dlock provides distributed mutexes with leases and fencing tokens,
-// stored in MongoDB.
+// Package dlock provides distributed locks with leases and fencing tokens,
+// stored in MongoDB: mutexes, reader/writer locks and semaphores.
 //
 // A [Client] keeps one document per key in a collection. [Mutex.Lock]
 // blocks until the Mutex holds the key; the hold is a [Lease], extended in
 // the background, with a fencing [Token] and channels that close when it
-// ends ([Lease.Done]) or is lost ([Lease.Lost]).
+// ends ([Lease.Done]) or is lost ([Lease.Lost]). An [RWMutex] gives shared
+// (read) holds and exclusive (write) holds of a key, a [Semaphore] up to n
+// permits; each of their holds is a Lease of the same kind, with its own
+// token, so everything below holds for them too. [WithData] stores a few
+// bytes with each hold and [Client.Holders] reads who holds a key.
 //
 // # Guarantees
 //
 // At most one lease on a key is valid at a time (its Err is nil), across
-// all Clients that share the collection, provided the server applies each
-// single-document update atomically (MongoDB does; FerretDB v1 does not,
-// see the README), and the clock of each client runs within
-// [MaxClockDrift] of true time. Clocks may be set to any time, and stepped
+// all Clients that share the collection; for an RWMutex, never an
+// exclusive lease beside any other; for a Semaphore of n permits, at most
+// n. This holds provided the server applies each single-document update
+// atomically (MongoDB does; FerretDB v1 does not, see the README), and the
+// clock of each client runs within [MaxClockDrift] of true time. Clocks may be set to any time, and stepped
 // at any time: by default dlock never compares one machine's wall clock
 // with another's, nor two readings of the server's wall clock, and never
 // reads a client's wall clock at all (only its monotonic clock).
 //
-// Fencing tokens for a key strictly increase for the key's whole life:
-// releases, expiries, takeovers and restarts do not reset the counter, and
+// Fencing tokens for a key strictly increase for the key's whole life,
+// across all its holds, shared or exclusive: each hold's token is greater
+// than every token handed out for the key before it. So a writer of an
+// RWMutex has a token above every reader's before it, and a [Fence] behind
+// an RWMutex works. Releases, expiries, takeovers and restarts do not
+// reset the counter, and
 // neither does [Client.Prune], which deletes the documents of idle keys
 // only after raising a collection-wide floor above their tokens; the next
 // hold of a pruned key gets a token above the floor. Do not delete lock
@@ -87,6 +96,36 @@
 // or by a lease that was lost) is taken over at once by that Client's next
 // Lock of the key; other Clients wait for it as for any holder.
 //
+// # Readers, writers and permits
+//
+// A key is used by one kind of primitive: every Client that uses it must
+// use it as a Mutex, as an RWMutex, or as a Semaphore with the same n. The
+// kind is stored in the key's document, and a call that finds another
+// kind (or another n) returns [ErrKindMismatch], never a silently larger
+// limit.
+//
+// A writer is not starved by readers. An RWMutex's Lock that finds the key
+// held registers itself in the key's document; from then on no new shared
+// hold is taken, by any Client, so the shared holds already there end as
+// their readers unlock, and the writer takes the key. A registration is
+// kept alive by the writer's Client like a lease: one whose Client
+// stopped extending it is cleared a TTL later by the readers it holds
+// back. Goroutines of one Client share its shared hold of a key, but only
+// during the hold's first extension interval: later RLocks take a new
+// hold, which a registered writer holds back, so a stream of overlapping
+// local readers cannot keep a hold alive forever either. Several writers
+// waiting take the key in the order in which their polls find it free.
+//
+// A shared hold or permit whose holder crashed, or was cut off, is free
+// again within the same bound as a Mutex's key: every hold in the document
+// has an epoch that its holder's extensions increment, and a waiter that
+// has seen an epoch unchanged for the hold's TTL, on its own clock, clears
+// that hold (the rule of "How expiry works", per hold).
+//
+// Data ([WithData]) is stored in the clear in the lock document, where
+// anyone who can read the collection, and every waiter ([Client.Holders]),
+// can read it: never put secrets there. At most [MaxDataLen] bytes.
+//
 // # What is not guaranteed
 //
 // A process that is paused (garbage collection, a frozen VM, SIGSTOP) may
@@ -104,7 +143,13 @@
 //
 // Waiters in different Clients race: a Client that unlocks and locks again
 // often wins against the polls of other Clients (no fairness across
-// Clients). Goroutines of one Client queue in order.
+// Clients). Goroutines of one Client queue in order for a Mutex or an
+// RWMutex's exclusive hold; those waiting for a Semaphore's permits each
+// poll, in no order.
+//
+// [Client.Holders] reports what the document says: a holder that crashed
+// is listed until its hold is taken over or cleared, a TTL after a waiter
+// first saw it.
 //
 // # Close
 //
@@ -118,7 +163,10 @@
 //
 // # Costs
 //
-// An uncontended Lock of an existing key is one command; the first Lock of
+// An uncontended Lock of an existing key is one command, and so are an
+// RLock and a Semaphore's Acquire once the primitive knows the key's token
+// counter (its first costs a read more: a shared hold's acquire is a
+// compare-and-set on the counter). The first Lock of
 // a key (or of a pruned key) is three: the acquire that creates the
 // document, a read of the floor, and the write that raises the token above
 // it. Unlock is one; the extensions of all
@@ -160,8 +208,15 @@ package dlock
 //	               conditional on its current value write it, so it never
 //	               goes down while the document exists.
 //	rev    int64   +1 on every write that changes a hold (acquire, extend,
-//	               release, handoff, raise, reap): the exclusive hold's
-//	               liveness signal (see "How expiry works" in the package doc)
+//	               release, handoff, raise, reap), not on a writer's
+//	               registration or its extensions (a registration is not a
+//	               hold): the liveness signal of the record as a whole (see
+//	               "How expiry works" in the package doc). It starts again
+//	               at 1 in a document that Prune deleted and an acquire
+//	               created again, so every write conditional on a revision
+//	               also names the token counter: (rev, token) never
+//	               repeats, as the counter of a re-created document is
+//	               raised above every token of the deleted one
 //	at     date    $currentDate on every write: informative, except that
 //	               Prune's idle rule compares it with the server's own clock
 //	owner  string  the exclusive holder, "" when there is none
@@ -181,9 +236,13 @@ package dlock
 //	               the shared holds (RWMutex readers, Semaphore permits),
 //	               keyed by hold: hk is the owner in base64url, ":" and the
 //	               hold id, so it is unique forever and is a valid field name
-//	wn     int32   the number of entries in w (absent: 0)
-//	w      {wk: {o, hold, q: seq, x: exclusive, ttl, e: epoch}}
-//	               registered waiters (fair queueing), keyed like h
+//	w      {hk: {o: owner, hold, ttl, e: epoch}}
+//	               registered waiters, keyed like h: today an RWMutex's
+//	               writers (e starts at random, so a registration made
+//	               again never repeats an epoch a waiter saw); fair
+//	               queueing across Clients will add an order (q) and the
+//	               kind of hold waited for. Tested for emptiness with
+//	               {w: {$in: [null, {}]}}, so no count is kept
 //
 // and one floor document for the collection, {_id: 0, floor: int64}, whose
 // numeric _id no key (a string) can equal: floor is at least every token
@@ -203,8 +262,8 @@ package dlock
 //  1. Exclusion: owner != "" implies n = 0, and n < limit (1<<31 for
 //     "rw", N for "sem/N"). An exclusive acquire requires owner "" and
 //     n = 0 (or a takeover, below); a shared acquire requires owner "",
-//     n < limit, and (for "rw") wn = 0 (no registered writer: this is
-//     what keeps a stream of readers from starving a writer).
+//     n < limit, and w empty (no registered writer: this is what keeps a
+//     stream of readers from starving a writer).
 //  2. Tokens: every token in the document (the exclusive hold's, which is
 //     token itself while held, and each h entry's t) is at most token, and
 //     each hold's token is greater than every token handed out before it
@@ -221,13 +280,16 @@ package dlock
 //     write per cadence carries it). A waiter that has seen an entry's e
 //     unchanged for the entry's ttl on its own monotonic clock, counted
 //     from when its read's reply arrived, may remove it (reap) by a write
-//     conditional on h.<hk>.e being that value. That is the same rule, and
-//     the same argument, as the exclusive takeover, applied per entry. A
-//     takeover of the exclusive hold is conditional on rev; an exclusive
-//     acquire of an "rw" key by takeover also requires n = 0, so stale
-//     readers are reaped first.
+//     conditional on h.<hk>.e (and h.<hk>.t) being those values. That is
+//     the same rule, and the same argument, as the exclusive takeover,
+//     applied per entry. A waiter watches, and reaps, only the entries
+//     that block it: a writer the shared holds; a reader the
+//     registrations, and the shared holds when the Semaphore is full. A
+//     takeover of the whole record (every hold in it has ended: rev has
+//     stood still for the longest TTL in it) is conditional on rev and
+//     token together, and clears the shared holds and registrations too.
 //  4. Floor: before any document is deleted, floor is raised to at least
-//     its token. Prune reads candidates (free: owner "", n = 0, wn = 0; and
+//     its token. Prune reads candidates (free: owner "", n = 0, w empty; and
 //     idle: at at least idle before the server's clock, which compares the
 //     server's clock with itself only), raises floor with $max to their
 //     greatest token (one upsert), then deletes each with a filter on its
@@ -255,13 +317,13 @@ package dlock
 // deleting without raising floor first. Floor itself is never deleted and
 // only ever raised with $max.
 //
-// Fair queueing (registered waiters) uses the same counter for its order: a
-// waiter that has waited long registers in w with q from the token counter
-// (a compare-and-set as for shared holds), and while wn > 0 a free key may
-// be taken only by the registered waiter with the least q, which a release
-// or handoff can also pass the key to in the same write. Waiters' entries
-// expire by rule 3, so a crashed waiter blocks the others for at most its
-// TTL.
+// Fair queueing across Clients (not built yet) is to use the same counter
+// for its order: a waiter that has waited long registers in w with q from
+// the token counter (a compare-and-set as for shared holds), and while w
+// holds such waiters a free key may be taken only by the registered waiter
+// with the least q, which a release or handoff can also pass the key to in
+// the same write. Waiters' entries expire by rule 3, so a crashed waiter
+// blocks the others for at most its TTL.
 //
 // Costs this design keeps: an uncontended exclusive Lock or Unlock of an
 // existing key is one command with no fields beyond those above the line
