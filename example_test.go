@@ -315,3 +315,91 @@ func ExampleClient_Prune() {
 	// pruned 1
 	// token after the prune 4
 }
+
+// Readers share a key, a writer has it alone, and the writer's token is
+// above every reader's before it.
+func ExampleRWMutex() {
+	ctx := context.Background()
+	coll, disconnect := exampleCollection("rwmutex")
+	defer disconnect()
+	client, err := dlock.NewClient(coll)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close(ctx)
+
+	catalog := client.NewRWMutex("catalog")
+	if err := catalog.RLock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	other, err := dlock.NewClient(coll) // another process, say
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer other.Close(ctx)
+	if err := other.NewRWMutex("catalog").TryRLock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("two readers; a writer now:", errors.Is(other.NewRWMutex("catalog").TryLock(ctx), dlock.ErrLocked))
+	holders, err := client.Holders(ctx, "catalog")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("holders:", len(holders), "shared:", holders[0].Shared && holders[1].Shared)
+
+	catalog.RUnlock(ctx)
+	other.NewRWMutex("catalog").RUnlock(ctx) // any RWMutex of that Client for the key
+	if err := catalog.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("writer's token:", catalog.Lease().Token())
+	catalog.Unlock(ctx)
+	// Output:
+	// two readers; a writer now: true
+	// holders: 2 shared: true
+	// writer's token: 3
+}
+
+// At most n holders at once, across Clients; each permit is a Lease.
+func ExampleSemaphore() {
+	ctx := context.Background()
+	coll, disconnect := exampleCollection("semaphore")
+	defer disconnect()
+	client, err := dlock.NewClient(coll)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close(ctx)
+
+	encoders := client.NewSemaphore("encoder", 2, dlock.WithData([]byte("host-a")))
+	a, err := encoders.Acquire(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	b, err := encoders.Acquire(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, err = encoders.TryAcquire(ctx)
+	fmt.Println("a third:", errors.Is(err, dlock.ErrLocked))
+	holders, err := client.Holders(ctx, "encoder")
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, h := range holders {
+		fmt.Printf("permit %d held by %s\n", h.Token, h.Data)
+	}
+	a.Release(ctx)
+	c, err := encoders.TryAcquire(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("after a release, permit", c.Token())
+	b.Release(ctx)
+	c.Release(ctx)
+	// Output:
+	// a third: true
+	// permit 1 held by host-a
+	// permit 2 held by host-a
+	// after a release, permit 3
+}
