@@ -175,3 +175,73 @@ func TestSemaphoreCrashedHolder(t *testing.T) {
 		assert.True(t, errors.Is(l.Release(ctx), ErrLeaseLost))
 	})
 }
+
+// Issue 14: a Client's extensions of all its holds of all kinds (a Mutex's,
+// a read hold, a permit) are one bulk write per cadence.
+func TestOneExtensionForAllKinds(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, sp space) {
+		ctx := context.Background()
+		rounds := make(chan extendRound, 16)
+		f := &faultyStore{}
+		f.onExtend = func(r extendRound) {
+			select {
+			case rounds <- r:
+			default:
+			}
+		}
+		c := sp.client(t, WithTTL(3*time.Second), withFaults(f))
+		m, rw, s := c.NewMutex("m"), c.NewRWMutex("rw"), c.NewSemaphore("s", 2)
+		require.NoError(t, m.Lock(ctx))
+		require.NoError(t, rw.RLock(ctx))
+		p, err := s.Acquire(ctx)
+		require.NoError(t, err)
+		for r := range rounds {
+			if r.leases == 3 {
+				require.NoError(t, r.err)
+				if _, ok := sp.(mongoKeys); ok {
+					assert.EqualValues(t, 1, r.commands, "commands for one extension of three holds of three kinds")
+				}
+				break
+			}
+		}
+		assert.NoError(t, m.Unlock(ctx))
+		assert.NoError(t, rw.RUnlock(ctx))
+		assert.NoError(t, p.Release(ctx))
+	})
+}
+
+// Issue 14, on the real server: a permit and a read hold whose Client
+// stopped extending them (a crash) are free again within the bound of a
+// crashed Mutex holder; and the crashed holder's leases report the loss.
+func TestSharedCrashedHolder(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, sp space) {
+		ctx := context.Background()
+		const ttl = 300 * time.Millisecond
+		f := &faultyStore{}
+		crashed := sp.client(t, WithTTL(ttl), withFaults(f))
+		p, err := crashed.NewSemaphore("s", 1).Acquire(ctx)
+		require.NoError(t, err)
+		rw := crashed.NewRWMutex("rw")
+		require.NoError(t, rw.RLock(ctx))
+		r := rw.Lease()
+		f.crash()
+
+		c := sp.client(t, WithTTL(ttl), WithBackoff(time.Millisecond, 20*time.Millisecond))
+		start := time.Now()
+		p2, err := c.NewSemaphore("s", 1).Acquire(ctx)
+		require.NoError(t, err)
+		w := c.NewRWMutex("rw")
+		require.NoError(t, w.Lock(ctx))
+		took := time.Since(start)
+		assert.ErrorIs(t, p.Err(), ErrLeaseLost)
+		assert.ErrorIs(t, r.Err(), ErrLeaseLost)
+		assert.True(t, waitClosed(p.Lost(), 0), "Lost closed")
+		assert.ErrorIs(t, context.Cause(r.Context()), ErrLeaseLost, "Context cancelled with the loss")
+		// The exact bound (two TTLs after the last write, plus a poll) is
+		// checked on the simulated clock (TestSemaphoreCrashedHolder,
+		// TestRWMutexCrashedReader); here, with room for a loaded machine.
+		assert.Less(t, took, 6*ttl, "both free about two TTLs after the crash")
+		assert.NoError(t, p2.Release(ctx))
+		assert.NoError(t, w.Unlock(ctx))
+	})
+}
