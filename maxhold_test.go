@@ -316,3 +316,40 @@ func TestMaxHoldTelemetry(t *testing.T) {
 		assert.EqualValues(t, 1, sum(t, rig.metrics(t)["dlock.lease.lost"], attrCause.String(causeMaxHold)))
 	})
 }
+
+// WithMaxHold caps every kind of hold alike: a read hold of an RWMutex, a
+// write hold, and a Semaphore's permit are lost at the same moment as a
+// Mutex's, with the same cause.
+func TestMaxHoldEveryKind(t *testing.T) {
+	ttl, d := 10*time.Second, time.Minute
+	for _, tc := range []struct {
+		name string
+		lock func(c *Client) (*Lease, error)
+	}{
+		{"RWMutex.RLock", func(c *Client) (*Lease, error) {
+			rw := c.NewRWMutex("k")
+			err := rw.RLock(context.Background())
+			return rw.Lease(), err
+		}},
+		{"RWMutex.Lock", func(c *Client) (*Lease, error) {
+			rw := c.NewRWMutex("k")
+			err := rw.Lock(context.Background())
+			return rw.Lease(), err
+		}},
+		{"Semaphore.Acquire", func(c *Client) (*Lease, error) {
+			return c.NewSemaphore("k", 2).Acquire(context.Background())
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c, _ := memClient(t, newMemStore(), WithTTL(ttl), WithMaxHold(d))
+				start := time.Now()
+				l, err := tc.lock(c)
+				require.NoError(t, err)
+				<-l.Lost()
+				assert.Equal(t, maxHoldLost(d, ttl), time.Since(start), "lost at the wrong time")
+				requireMaxHoldLost(t, l)
+			})
+		})
+	}
+}
