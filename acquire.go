@@ -145,16 +145,19 @@ func (c *Client) grant(cl claim, a attempt, t Token, ro role, sent time.Time) (*
 }
 
 // waitPoll waits for the next poll of a held key: the poller's next
-// interval, or less when a watch is due sooner. It returns ctx's error or
-// ErrClosed when those come first.
-func (c *Client) waitPoll(ctx context.Context, cl claim, polls **poller, due time.Duration) error {
+// interval, or less when the watch of the record (w) or of an entry (ew)
+// is due sooner. It returns ctx's error or ErrClosed when those come first.
+func (c *Client) waitPoll(ctx context.Context, cl claim, polls **poller, w *watch, ew *entryWatch) error {
 	now := c.clock.Now()
 	if *polls == nil {
 		p := cl.pace.start(now, cl.cfg)
 		*polls = &p
 	}
 	d := (*polls).next()
-	if due >= 0 {
+	if w.rev != 0 {
+		d = min(d, max(w.wait(now), 0))
+	}
+	if due := ew.wait(now); due >= 0 {
 		d = min(d, due)
 	}
 	t := c.clock.NewTimer(d)
@@ -168,6 +171,33 @@ func (c *Client) waitPoll(ctx context.Context, cl claim, polls **poller, due tim
 		t.Stop()
 		return ErrClosed
 	}
+}
+
+// giveUp is how an acquisition that gives up with err ends: the attempt a
+// whose outcome is unknown (unsure) is given back in the background; a
+// wait that ctx ended reports ctx's error, not the driver's account of the
+// cancelled command; and the last transient failure is named.
+func (c *Client) giveUp(ctx context.Context, a attempt, unsure bool, lastErr, err error) error {
+	if unsure {
+		c.tidy(a.ttl, func(ctx context.Context) { c.store.abandon(ctx, a) })
+	}
+	switch {
+	case ctx.Err() != nil && !errors.Is(err, ErrClosed):
+		return ctx.Err()
+	case lastErr != nil && err != lastErr:
+		return fmt.Errorf("%w (last error: %w)", err, lastErr)
+	}
+	return err
+}
+
+// earlyFloor reads the floor before a first attempt, for the flawed
+// variant flawFloorBeforeCreate only (0 otherwise, with no command).
+func (c *Client) earlyFloor(ctx context.Context) Token {
+	if c.cfg.flaw != flawFloorBeforeCreate {
+		return 0
+	}
+	f, _ := c.store.floor(ctx)
+	return f
 }
 
 // kindError reports a key used by another kind of primitive than cl's.
@@ -227,23 +257,11 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 		events   int    // holders reported
 		reg      *Lease // an RWMutex writer's registration
 	)
-	var early Token // flawFloorBeforeCreate: the floor as read before the first attempt
-	if c.cfg.flaw == flawFloorBeforeCreate {
-		early, _ = c.store.floor(ctx)
-	}
+	early := c.earlyFloor(ctx)
 	tracing := trace.SpanFromContext(ctx).IsRecording()
 	giveUp := func(err error) (*Lease, int, error) {
-		if unsure {
-			c.tidy(a.ttl, func(ctx context.Context) { c.store.abandon(ctx, a) })
-		}
 		c.unregister(reg)
-		switch {
-		case ctx.Err() != nil && !errors.Is(err, ErrClosed):
-			err = ctx.Err() // not the driver's account of the cancelled command
-		case lastErr != nil && err != lastErr:
-			err = fmt.Errorf("%w (last error: %w)", err, lastErr)
-		}
-		return nil, attempts, err
+		return nil, attempts, c.giveUp(ctx, a, unsure, lastErr, err)
 	}
 	ew.hasty = c.cfg.flaw == flawReapLive
 	for {
@@ -323,14 +341,7 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 		if a.kind == kindRW && (reg == nil || reg.Err() != nil) && c.cfg.flaw != flawNoWriterRegistration {
 			reg = c.register(ctx, cl, a)
 		}
-		due := time.Duration(-1)
-		if w.rev != 0 {
-			due = max(w.wait(c.clock.Now()), 0)
-		}
-		if d := ew.wait(c.clock.Now()); d >= 0 && (due < 0 || d < due) {
-			due = d
-		}
-		if err := c.waitPoll(ctx, cl, &polls, due); err != nil {
+		if err := c.waitPoll(ctx, cl, &polls, &w, &ew); err != nil {
 			return giveUp(err)
 		}
 	}
@@ -388,21 +399,9 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 		unsure   bool  // an attempt may have applied without our seeing the reply
 		lastErr  error // the last transient failure
 	)
-	var early Token
-	if c.cfg.flaw == flawFloorBeforeCreate {
-		early, _ = c.store.floor(ctx)
-	}
+	early := c.earlyFloor(ctx)
 	giveUp := func(err error) (*Lease, int, error) {
-		if unsure {
-			c.tidy(a.ttl, func(ctx context.Context) { c.store.abandon(ctx, a) })
-		}
-		switch {
-		case ctx.Err() != nil && !errors.Is(err, ErrClosed):
-			err = ctx.Err()
-		case lastErr != nil && err != lastErr:
-			err = fmt.Errorf("%w (last error: %w)", err, lastErr)
-		}
-		return nil, attempts, err
+		return nil, attempts, c.giveUp(ctx, a, unsure, lastErr, err)
 	}
 	// take makes the lease of the hold a has in r, raising it first if r is raw.
 	take := func(r record, sent time.Time) (*Lease, error) {
@@ -513,14 +512,7 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 		case try:
 			return giveUp(errLockedElsewhere)
 		}
-		due := time.Duration(-1)
-		if w.rev != 0 {
-			due = max(w.wait(c.clock.Now()), 0)
-		}
-		if d := ew.wait(c.clock.Now()); d >= 0 && (due < 0 || d < due) {
-			due = d
-		}
-		if err := c.waitPoll(ctx, cl, &polls, due); err != nil {
+		if err := c.waitPoll(ctx, cl, &polls, &w, &ew); err != nil {
 			return giveUp(err)
 		}
 	}

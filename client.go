@@ -155,18 +155,23 @@ func (c *Client) Owner() string { return c.owner }
 // Client's for this Mutex. An invalid key or option is reported by the
 // Mutex's first Lock or TryLock ([ErrInvalidKey], [ErrInvalidOption]).
 func (c *Client) NewMutex(key string, opts ...Option) *Mutex {
+	m := &Mutex{c: c, key: key}
+	m.cfg, m.err = c.configFor(key, opts)
+	return m
+}
+
+// configFor returns the configuration of one primitive on key: the
+// Client's, with opts applied; and what is wrong with key or opts.
+func (c *Client) configFor(key string, opts []Option) (config, error) {
 	cfg := c.cfg
 	cfg.forMutex = true
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
-	m := &Mutex{c: c, key: key, cfg: cfg}
 	if err := validKey(key); err != nil {
-		m.err = err
-	} else if err := cfg.validate(); err != nil {
-		m.err = err
+		return cfg, err
 	}
-	return m
+	return cfg, cfg.validate()
 }
 
 func validKey(key string) error {

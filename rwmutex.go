@@ -70,17 +70,8 @@ type readHold struct {
 // first Lock, TryLock, RLock or TryRLock ([ErrInvalidKey],
 // [ErrInvalidOption]).
 func (c *Client) NewRWMutex(key string, opts ...Option) *RWMutex {
-	cfg := c.cfg
-	cfg.forMutex = true
-	for _, o := range opts {
-		o.apply(&cfg)
-	}
-	rw := &RWMutex{c: c, key: key, cfg: cfg}
-	if err := validKey(key); err != nil {
-		rw.err = err
-	} else if err := cfg.validate(); err != nil {
-		rw.err = err
-	}
+	rw := &RWMutex{c: c, key: key}
+	rw.cfg, rw.err = c.configFor(key, opts)
 	return rw
 }
 

@@ -41,19 +41,10 @@ type Semaphore struct {
 // above [MaxPermits]) or option is reported by its first Acquire or
 // TryAcquire ([ErrInvalidKey], [ErrInvalidOption]).
 func (c *Client) NewSemaphore(key string, n int, opts ...Option) *Semaphore {
-	cfg := c.cfg
-	cfg.forMutex = true
-	for _, o := range opts {
-		o.apply(&cfg)
-	}
-	s := &Semaphore{c: c, key: key, n: n, cfg: cfg}
-	switch {
-	case validKey(key) != nil:
-		s.err = validKey(key)
-	case n < 1 || n > MaxPermits:
+	s := &Semaphore{c: c, key: key, n: n}
+	s.cfg, s.err = c.configFor(key, opts)
+	if s.err == nil && (n < 1 || n > MaxPermits) {
 		s.err = fmt.Errorf("%w: %d permits: a Semaphore has 1 to %d", ErrInvalidOption, n, MaxPermits)
-	default:
-		s.err = cfg.validate()
 	}
 	return s
 }
