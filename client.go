@@ -164,7 +164,7 @@ func (c *Client) NewMutex(key string, opts ...Option) *Mutex {
 // Client's, with opts applied; and what is wrong with key or opts.
 func (c *Client) configFor(key string, opts []Option) (config, error) {
 	cfg := c.cfg
-	cfg.forMutex = true
+	cfg.forLock = true
 	for _, o := range opts {
 		o.apply(&cfg)
 	}

@@ -57,7 +57,7 @@ type config struct {
 	wrapStore      func(store) store // tests: inject faults
 	flaw           flaw              // tests: a deliberately broken variant (sim_test.go)
 
-	forMutex bool // applying options for one Mutex
+	forLock bool // applying options for one Mutex, RWMutex or Semaphore
 	err      error
 }
 
@@ -74,8 +74,8 @@ func (c *config) fail(format string, args ...any) {
 // clientOnly wraps an option that applies to a whole Client.
 func clientOnly(name string, f func(*config)) Option {
 	return optionFunc(func(c *config) {
-		if c.forMutex {
-			c.fail("%s applies to a Client, not to one Mutex", name)
+		if c.forLock {
+			c.fail("%s applies to a Client, not to one lock", name)
 			return
 		}
 		f(c)
