@@ -29,8 +29,9 @@ const MaxExtendInterval = (1-MaxClockDrift)/(1+MaxClockDrift)/2 - lostGuard/2
 // MaxKeyLen is the longest key, in bytes.
 const MaxKeyLen = 1024
 
-// An Option configures a [Client] (through [NewClient]) or one [Mutex]
-// (through [Client.NewMutex], where it overrides the Client's setting).
+// An Option configures a [Client] (through [NewClient]) or one lock
+// ([Client.NewMutex], [Client.NewRWMutex], [Client.NewSemaphore], where
+// it overrides the Client's setting).
 type Option interface {
 	apply(*config)
 }
