@@ -205,16 +205,18 @@ func kindError(key, want, got string) error {
 	name := func(k string) string {
 		switch {
 		case k == "":
-			return "Mutex"
+			return "a Mutex"
 		case k == kindRW:
-			return "RWMutex"
+			return "an RWMutex"
+		case k == kindElection:
+			return "an Election"
 		case strings.HasPrefix(k, "sem/"):
-			return "Semaphore of " + k[len("sem/"):] + " permits"
+			return "a Semaphore of " + k[len("sem/"):] + " permits"
 		default:
-			return k
+			return "a " + k
 		}
 	}
-	return fmt.Errorf("%w: %q is used as a %s, not as a %s", ErrKindMismatch, key, name(got), name(want))
+	return fmt.Errorf("%w: %q is used as %s, not as %s", ErrKindMismatch, key, name(got), name(want))
 }
 
 // acquire takes the key exclusively for cl, holding this Client's slot for

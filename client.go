@@ -41,6 +41,9 @@ type Client struct {
 	calls   tracker             // guarded by mu: Lock, TryLock and Release calls under way; closed by Close
 	tidying tracker             // guarded by mu: background clean-up writes under way
 
+	observations map[string]*observation // guarded by mu: Election.Observe's pollers, by key
+	observing    tracker                 // guarded by mu: their goroutines (pollers and forwarders); closed by Close
+
 	tidyCtx    context.Context // parent of the clean-up writes; cancelled by Close
 	tidyCancel context.CancelFunc
 	prunerDone chan struct{} // closed when the pruner (WithPruneIdle) returns; nil without one
@@ -131,6 +134,7 @@ func newClientOn(newStore func(*telemetry) store, opts ...Option) (*Client, erro
 	c := &Client{
 		cfg: cfg, owner: cfg.owner, clock: cfg.clock, tel: tel,
 		slots: map[string]*slot{}, readers: map[string]*readers{}, closing: make(chan struct{}),
+		observations: map[string]*observation{},
 	}
 	c.tidyCtx, c.tidyCancel = context.WithCancel(context.Background())
 	c.store = newStore(tel)
@@ -214,6 +218,10 @@ func (c *Client) Close(ctx context.Context) error {
 	}
 	close(c.closing)
 	calls := c.calls.close()
+	for _, o := range c.observations {
+		o.cancel() // its observers see closing
+	}
+	observing := c.observing.close()
 	c.mu.Unlock()
 	select {
 	case <-calls:
@@ -242,6 +250,7 @@ func (c *Client) Close(ctx context.Context) error {
 	if c.prunerDone != nil {
 		<-c.prunerDone // it saw closing; its Prune, if any, was a call waited for above, or cancelled
 	}
+	<-observing // they saw closing, or their contexts cancelled above
 	return err
 }
 

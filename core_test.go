@@ -72,6 +72,10 @@ func (h *hooked) release(ctx context.Context, ref leaseRef) error {
 	return h.run(ctx, "release", func() error { return h.store.release(ctx, ref) })
 }
 
+func (h *hooked) setData(ctx context.Context, ref leaseRef, data []byte) error {
+	return h.run(ctx, "setData", func() error { return h.store.setData(ctx, ref, data) })
+}
+
 func (h *hooked) releaseAll(ctx context.Context, refs []leaseRef) error {
 	return h.run(ctx, "releaseAll", func() error { return h.store.releaseAll(ctx, refs) })
 }

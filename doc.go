@@ -226,8 +226,8 @@ package dlock
 //	raw    true    set when an acquire created the document ($setOnInsert),
 //	               unset by the write that raises token above the floor;
 //	               absent on every document dlock created before pruning
-//	kind   string  absent: a Mutex or Election key; "rw": an RWMutex key;
-//	               "sem/N": a Semaphore of N permits. Set on creation
+//	kind   string  absent: a Mutex key; "election": an Election key; "rw":
+//	               an RWMutex key; "sem/N": a Semaphore of N permits. Set on creation
 //	               ($setOnInsert) and in every acquire's filter, so a key
 //	               used as two kinds (or two Ns) never matches, and the
 //	               read that follows a failed acquire names the misuse

@@ -12,7 +12,8 @@ var (
 	// [Mutex.TryLock] when another owner holds the key or another goroutine
 	// or Mutex of the same Client holds it or is acquiring it.
 	ErrLocked = errors.New("dlock: locked")
-	// ErrNotHeld is returned by [Mutex.Unlock] when the Mutex holds no lease.
+	// ErrNotHeld is returned by [Mutex.Unlock] when the Mutex holds no
+	// lease, and by [Election.Proclaim] when the Election does not lead.
 	ErrNotHeld = errors.New("dlock: not held")
 	// ErrReleased is what [Lease.Err] reports after a clean release.
 	ErrReleased = errors.New("dlock: lease released")
@@ -37,7 +38,7 @@ var (
 	// option given where it does not apply.
 	ErrInvalidOption = errors.New("dlock: invalid option")
 	// ErrKindMismatch is returned when a key is used by two kinds of
-	// primitive ([Mutex], [RWMutex], [Semaphore]) or by Semaphores with
+	// primitive ([Mutex], [RWMutex], [Semaphore], [Election]) or by Semaphores with
 	// different numbers of permits: a misuse that would otherwise make one
 	// of them wait forever, or give a larger limit than one of them asked
 	// for. The message names the key's kind.
@@ -46,6 +47,9 @@ var (
 	// Client made: the zero value, or a nil pointer. Make Mutexes with
 	// [Client.NewMutex].
 	ErrNoClient = errors.New("dlock: Mutex not made by a Client (use Client.NewMutex)")
+	// ErrNoLeader is returned by [Election.Leader] when nobody leads the
+	// election: its key is free, or has never been campaigned for.
+	ErrNoLeader = errors.New("dlock: no leader")
 )
 
 // What TryLock's ErrLocked says of the holder.

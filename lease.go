@@ -30,7 +30,6 @@ type Lease struct {
 	token    Token
 	hold     int64 // the hold id
 	role     role  // exclusive or shared (or, internally, a writer's registration)
-	data     []byte
 	ttl      time.Duration
 	every    time.Duration
 	acquired time.Time     // on the Client's clock: when the acquire (or handoff) that made the hold was sent
@@ -42,6 +41,7 @@ type Lease struct {
 	lost     chan struct{}
 
 	mu       sync.Mutex
+	data     []byte    // the hold's data; replaced (never modified) by Election.Proclaim
 	deadline time.Time // on the Client's clock: held until then
 	next     time.Time // when the next extension is due
 	last     bool      // the extension due at next is the last (at lastDue); set once
@@ -109,9 +109,21 @@ func (l *Lease) ref() leaseRef {
 	return leaseRef{key: l.key, owner: l.c.owner, token: l.token, ttl: l.ttl, hold: l.hold, role: l.role}
 }
 
-// Data returns the data stored with this hold ([WithData]), or nil. The
-// caller must not modify it.
-func (l *Lease) Data() []byte { return l.data }
+// Data returns the data stored with this hold ([WithData]; for an
+// [Election], the leader's value, as [Election.Proclaim] last set it), or
+// nil. The caller must not modify it.
+func (l *Lease) Data() []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.data
+}
+
+// setData records data as the hold's, once the store has it.
+func (l *Lease) setData(data []byte) {
+	l.mu.Lock()
+	l.data = data
+	l.mu.Unlock()
+}
 
 // Key returns the key this lease holds.
 func (l *Lease) Key() string { return l.key }

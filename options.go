@@ -20,6 +20,9 @@ const (
 	// wait between a waiter's polls of a held key.
 	DefaultMinBackoff = 5 * time.Millisecond
 	DefaultMaxBackoff = 250 * time.Millisecond
+	// DefaultObserveInterval is how often [Election.Observe] reads the
+	// election's key.
+	DefaultObserveInterval = time.Second
 )
 
 // MaxExtendInterval is the longest extension interval, as a share of the
@@ -47,6 +50,7 @@ type config struct {
 	maxBackoff  time.Duration
 	data        []byte        // WithData
 	maxHold     time.Duration // 0: no cap
+	observe     time.Duration // WithObserveInterval
 
 	// Client-wide.
 	serverClock    bool          // WithServerClockTakeover
@@ -58,12 +62,12 @@ type config struct {
 	wrapStore      func(store) store // tests: inject faults
 	flaw           flaw              // tests: a deliberately broken variant (sim_test.go)
 
-	forLock bool // applying options for one Mutex, RWMutex or Semaphore
-	err      error
+	forLock bool // applying options for one lock (Mutex, RWMutex, Semaphore, Election)
+	err     error
 }
 
 func defaultConfig() config {
-	return config{ttl: DefaultTTL, minBackoff: DefaultMinBackoff, maxBackoff: DefaultMaxBackoff, clock: systemClock{}}
+	return config{ttl: DefaultTTL, minBackoff: DefaultMinBackoff, maxBackoff: DefaultMaxBackoff, observe: DefaultObserveInterval, clock: systemClock{}}
 }
 
 func (c *config) fail(format string, args ...any) {
@@ -213,6 +217,23 @@ func WithData(data []byte) Option {
 			return
 		}
 		c.data = data
+	})
+}
+
+// WithObserveInterval sets how often [Election.Observe] reads the
+// election's key, d > 0; the default is [DefaultObserveInterval]. An
+// observer learns of a change at most about d after the document shows
+// it (plus a read's round trip). However many goroutines observe one
+// election through one Client, the Client reads it once per interval,
+// at the shortest interval any of them asked for. Other primitives
+// ignore it.
+func WithObserveInterval(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d <= 0 {
+			c.fail("observe interval %v is not positive", d)
+			return
+		}
+		c.observe = d
 	})
 }
 

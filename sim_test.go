@@ -189,6 +189,11 @@ func (l *simLink) release(ctx context.Context, ref leaseRef) error {
 	return err
 }
 
+func (l *simLink) setData(ctx context.Context, ref leaseRef, data []byte) error {
+	_, err := send(l, ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, l.st.setData(ctx, ref, data) })
+	return err
+}
+
 func (l *simLink) releaseAll(ctx context.Context, refs []leaseRef) error {
 	_, err := send(l, ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, l.st.releaseAll(ctx, refs) })
 	return err

@@ -22,7 +22,7 @@ type record struct {
 	Raw   bool          // created by an acquire, and Token not yet raised above the floor
 	Data  []byte        // the exclusive hold's data
 
-	Kind    string           // "" (Mutex), kindRW or "sem/N" (see kindOf)
+	Kind    string           // "" (Mutex), kindRW, kindElection or "sem/N"
 	Shared  map[string]entry // shared holds by hold key (see holdKey)
 	Writers map[string]entry // registered writers by hold key (RWMutex)
 }
@@ -74,6 +74,10 @@ func (r record) maxTTL() time.Duration {
 
 // kindRW is the kind of an RWMutex's key.
 const kindRW = "rw"
+
+// kindElection is the kind of an Election's key: an exclusive hold, as a
+// Mutex's, whose data is the leader's value.
+const kindElection = "election"
 
 // semKind is the kind of a Semaphore's key of n permits.
 func semKind(n int) string { return "sem/" + strconv.Itoa(n) }
@@ -182,6 +186,10 @@ type store interface {
 	extend(ctx context.Context, refs []leaseRef) ([]bool, error)
 	// release frees key if ref still holds it; errNotOwner otherwise.
 	release(ctx context.Context, ref leaseRef) error
+	// setData replaces the data of ref's exclusive hold if ref still holds
+	// its key, errNotOwner otherwise. It keeps the token and bumps the
+	// revision, as every write of a hold does (an Election's Proclaim).
+	setData(ctx context.Context, ref leaseRef, data []byte) error
 	// releaseAll frees, in one write command (or a few, as extend), every
 	// hold in refs that is still held.
 	releaseAll(ctx context.Context, refs []leaseRef) error

@@ -1,6 +1,7 @@
 package dlock
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -302,6 +303,21 @@ func (s *memStore) free(ref leaseRef) error {
 	return nil
 }
 
+func (s *memStore) setData(ctx context.Context, ref leaseRef, data []byte) error {
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.holds(ref)
+	if !ok || ref.role != roleExclusive {
+		return errNotOwner
+	}
+	r.Data = bytes.Clone(data)
+	s.write(ref.key, r)
+	return nil
+}
+
 func (s *memStore) releaseAll(ctx context.Context, refs []leaseRef) error {
 	if len(refs) == 0 {
 		return nil
@@ -413,6 +429,13 @@ func (l *memLink) release(ctx context.Context, ref leaseRef) error {
 		return err
 	}
 	return l.memStore.release(ctx, ref)
+}
+
+func (l *memLink) setData(ctx context.Context, ref leaseRef, data []byte) error {
+	if err := l.check(ctx); err != nil {
+		return err
+	}
+	return l.memStore.setData(ctx, ref, data)
 }
 
 func (l *memLink) releaseAll(ctx context.Context, refs []leaseRef) error {

@@ -446,6 +446,23 @@ func (s *mongoStore) release(ctx context.Context, ref leaseRef) error {
 	return nil
 }
 
+func (s *mongoStore) setData(ctx context.Context, ref leaseRef, data []byte) error {
+	update := bson.D{
+		{Key: "$set", Value: bson.D{{Key: fData, Value: data}}},
+		{Key: "$inc", Value: bson.D{{Key: fRev, Value: int64(1)}}},
+		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
+	}
+	s.counted(ctx, 1)
+	res, err := s.coll.UpdateOne(ctx, held(ref), update)
+	switch {
+	case err != nil:
+		return fmt.Errorf("dlock: set the data of %q: %w", ref.key, err)
+	case res.MatchedCount == 0:
+		return errNotOwner
+	}
+	return nil
+}
+
 func (s *mongoStore) releaseAll(ctx context.Context, refs []leaseRef) error {
 	if len(refs) == 0 {
 		return nil

@@ -1,4 +1,5 @@
-// Dlock runs commands under distributed locks kept in MongoDB, with the
+// Dlock runs commands under distributed locks, or while leading an
+// election, kept in MongoDB, and shows who holds a lock; with the
 // guarantees of the dlock library (github.com/dlock-go/dlock): at most one
 // holder of a key at a time across machines, a lease that is extended while
 // the holder lives and lapses when it dies, and a fencing token for each
@@ -73,20 +74,73 @@
 //
 // Flags go before KEY; "--" separates KEY from COMMAND.
 //
+// # dlock elect
+//
+//	dlock elect [flags] NAME VALUE -- COMMAND [ARGS...]
+//
+// Elect runs COMMAND while this process leads the election NAME (a
+// dlock.Election; its key is NAME, which no lock may use as well). It
+// campaigns with VALUE as its value, waiting while another process leads,
+// then runs COMMAND as run does: the same environment (DLOCK_KEY is NAME,
+// DLOCK_TOKEN the term's fencing token, which grows with every term), the
+// same process group and signals, the same exit statuses. When COMMAND
+// exits, elect resigns, and the next campaigner leads at once. If
+// leadership is lost while COMMAND runs (this process could not reach the
+// server, or was frozen, for about a TTL), COMMAND gets SIGTERM, SIGKILL
+// after -grace, and elect exits with 124; a process that crashed is
+// replaced within two TTLs of its last extension.
+//
+// Flags: -uri, -db, -collection, -connect-timeout, -ttl, -grace,
+// -max-hold and -v as for run, and
+//
+//	-timeout dur             campaign at most this long, then exit with 75
+//	                         without running COMMAND (default 0: no limit)
+//
+// Flags go before NAME; "--" separates VALUE from COMMAND. Run one on each
+// machine that may host a singleton service:
+//
+//	dlock elect -ttl 15s scheduler "$(hostname):8080" -- /usr/local/bin/scheduler
+//
+// # dlock status
+//
+//	dlock status [flags] KEY
+//
+// Status shows who holds the lock KEY, or leads the election KEY, as one
+// read of its document shows it; it takes nothing and changes nothing. It
+// prints one line per hold, in token order: the fencing token, exclusive
+// or shared (a read hold or a semaphore permit), the owner (host/pid/random
+// for a dlock process), and the hold's data when it has some (an election's
+// value), quoted:
+//
+//	token 7 exclusive owner web3/4242/9f86d081884c7d65a2b0e1f7c4d3a9b8 data "web3:8080"
+//
+// or, when nobody holds KEY, "KEY" is free. With -json it prints one
+// object instead:
+//
+//	{"key": "scheduler", "free": false, "holders": [{"owner": "web3/...",
+//	 "token": 7, "shared": false, "data": "web3:8080"}]}
+//
+// where data is omitted when the hold has none, and is data_base64 instead
+// when it is not UTF-8. A hold whose owner crashed is shown until another
+// process takes the key over. Status exits with 0 whether KEY is held or
+// free, 64 on bad usage and 69 when the server cannot be reached. Flags:
+// -uri, -db, -collection, -connect-timeout as for run, and -json.
+//
 // # Exit status
 //
-// Run exits with COMMAND's status, or 128+N when signal N killed COMMAND
-// (as a shell reports it), except:
+// Run and elect exit with COMMAND's status, or 128+N when signal N killed
+// COMMAND (as a shell reports it), except:
 //
 //	64   bad usage: an unknown flag, a bad value, a missing KEY, "--" or
 //	     COMMAND, an invalid key (empty, over 1024 bytes, not UTF-8, NUL)
 //	69   could not reach the server within -connect-timeout, or it failed
-//	75   KEY is held: -try found it held, or -timeout passed; COMMAND did
-//	     not run
-//	124  the lease was lost while COMMAND ran; COMMAND was stopped
+//	75   KEY is held: -try found it held, or -timeout passed (elect:
+//	     another process still led); COMMAND did not run
+//	124  the lease (elect: leadership) was lost while COMMAND ran;
+//	     COMMAND was stopped
 //	126  COMMAND could not be run
 //	127  COMMAND was not found
-//	130, 143  run got SIGINT or SIGTERM while waiting for KEY (128+N)
+//	130, 143  run or elect got SIGINT or SIGTERM while waiting (128+N)
 //
 // Errors are one line on standard error, starting "dlock".
 //

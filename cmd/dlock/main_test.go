@@ -522,3 +522,87 @@ func TestUsage(t *testing.T) {
 		})
 	}
 }
+
+// electArgs returns the arguments of "dlock elect" on coll with rest.
+func electArgs(coll string, rest ...string) []string {
+	return append([]string{"elect", "-uri", testURI, "-db", testDB, "-collection", coll}, rest...)
+}
+
+// statusArgs returns the arguments of "dlock status" on coll with rest.
+func statusArgs(coll string, rest ...string) []string {
+	return append([]string{"status", "-uri", testURI, "-db", testDB, "-collection", coll}, rest...)
+}
+
+func TestStatus(t *testing.T) {
+	coll := collection(t)
+	status, stdout, stderr := dlockRun(t, nil, statusArgs(coll, "k")...)
+	require.Equal(t, 0, status, "stderr: %q", stderr)
+	assert.Equal(t, []string{`"k" is free`}, stdout)
+	status, stdout, _ = dlockRun(t, nil, statusArgs(coll, "-json", "k")...)
+	require.Equal(t, 0, status)
+	assert.JSONEq(t, `{"key": "k", "free": true, "holders": []}`, strings.Join(stdout, "\n"))
+
+	c, err := dlock.NewClient(mc.Database(testDB).Collection(coll), dlock.WithData([]byte("report #1")))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close(context.Background()) })
+	m := c.NewMutex("k")
+	require.NoError(t, m.Lock(context.Background()))
+	status, stdout, stderr = dlockRun(t, nil, statusArgs(coll, "k")...)
+	require.Equal(t, 0, status, "stderr: %q", stderr)
+	assert.Equal(t, []string{fmt.Sprintf(`token 1 exclusive owner %s data "report #1"`, c.Owner())}, stdout)
+	status, stdout, _ = dlockRun(t, nil, statusArgs(coll, "-json", "k")...)
+	require.Equal(t, 0, status)
+	assert.JSONEq(t, fmt.Sprintf(`{"key": "k", "free": false, "holders": [{"owner": %q, "token": 1, "shared": false, "data": "report #1"}]}`, c.Owner()),
+		strings.Join(stdout, "\n"))
+
+	// Shared holds, without data.
+	other := newClient(t, coll)
+	s := other.NewSemaphore("s", 2)
+	for range 2 {
+		_, err := s.Acquire(context.Background())
+		require.NoError(t, err)
+	}
+	status, stdout, _ = dlockRun(t, nil, statusArgs(coll, "s")...)
+	require.Equal(t, 0, status)
+	assert.Equal(t, []string{
+		fmt.Sprintf("token 1 shared owner %s", other.Owner()),
+		fmt.Sprintf("token 2 shared owner %s", other.Owner()),
+	}, stdout)
+
+	status, _, stderr = dlockRun(t, nil, statusArgs(coll, "a", "b")...)
+	assert.Equal(t, exitUsage, status)
+	requireOneLine(t, stderr, "dlock status: want one KEY")
+}
+
+// Two dlock elect processes on one name: the second runs its COMMAND
+// only after the first's COMMAND ended and it resigned; while the first
+// leads, dlock status shows its value.
+func TestElectTakesTurns(t *testing.T) {
+	coll := collection(t)
+	log := filepath.Join(t.TempDir(), "log")
+	script := func(name string) string {
+		return fmt.Sprintf(`echo %[1]s-start-$DLOCK_TOKEN >>"$LOG"; echo started; read line; echo %[1]s-end >>"$LOG"`, name)
+	}
+	a := start(t, []string{"LOG=" + log}, electArgs(coll, "-v", "leader", "db1:5432", "--", "sh", "-c", script("A"))...)
+	require.Equal(t, "started", line(t, a.stdout, "A started"))
+	assert.Equal(t, `dlock elect: campaigning for "leader"`, line(t, a.stderr, "A campaigning"))
+	assert.Equal(t, `dlock elect: leading "leader" with token 1`, line(t, a.stderr, "A leading"))
+
+	b := start(t, []string{"LOG=" + log}, electArgs(coll, "-v", "leader", "db2:5432", "--", "sh", "-c", script("B"))...)
+	assert.Equal(t, `dlock elect: campaigning for "leader"`, line(t, b.stderr, "B campaigning"))
+	status, stdout, _ := dlockRun(t, nil, statusArgs(coll, "leader")...)
+	require.Equal(t, 0, status)
+	require.Len(t, stdout, 1)
+	assert.Contains(t, stdout[0], `token 1 exclusive owner `)
+	assert.Contains(t, stdout[0], `data "db1:5432"`)
+	assert.Equal(t, []string{"A-start-1"}, readLog(t, log), "B's COMMAND ran while A led")
+
+	fmt.Fprintln(a.stdin, "done") // A's COMMAND ends; A resigns
+	status, _, stderr := a.wait(t)
+	require.Equal(t, 0, status, "A: %q", stderr)
+	require.Equal(t, "started", line(t, b.stdout, "B started"))
+	fmt.Fprintln(b.stdin, "done")
+	status, _, stderr = b.wait(t)
+	require.Equal(t, 0, status, "B: %q", stderr)
+	assert.Equal(t, []string{"A-start-1", "A-end", "B-start-2", "B-end"}, readLog(t, log))
+}

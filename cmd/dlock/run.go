@@ -74,21 +74,25 @@ func runMain(sub *subcommand, args []string) int {
 	case f.grace < 0:
 		return failf(exitUsage, "dlock run: -grace %v is negative", f.grace)
 	}
-	r := &runner{flags: f, key: rest[0], argv: rest[2:]}
+	r := &runner{verb: "run", flags: f, key: rest[0], argv: rest[2:]}
 	return r.run()
 }
 
-// A runner is one "dlock run": it owns the connection, the dlock Client
+// A runner is one "dlock run" or "dlock elect": it owns the connection,
+// the dlock Client, the hold (a Mutex's lease, or a term of leadership)
 // and the child, and the main goroutine drives it.
 type runner struct {
+	verb  string // "run" or "elect": the subcommand, for messages
 	flags runFlags
-	key   string
+	key   string // KEY, or the election's NAME
 	argv  []string
+	elect bool   // campaign for key with value, rather than lock it
+	value string // elect: the leader's value
 
 	owner  string
 	mc     *mongo.Client // set once connected
 	client *dlock.Client // set once connected
-	mu     *dlock.Mutex
+	lease  *dlock.Lease  // set once held
 }
 
 // errInterrupted is the cause of a wait ended by SIGINT or SIGTERM.
@@ -113,7 +117,7 @@ func (r *runner) run() int {
 	case sig := <-sigs:
 		cancel(errInterrupted)
 		<-acquired // a hold won as the wait was cancelled is released by close
-		return failf(signalStatus(sig), "dlock run: %v while waiting for %q", sig, r.key)
+		return failf(signalStatus(sig), "dlock %s: %v while waiting for %q", r.verb, sig, r.key)
 	}
 	if code != 0 {
 		return code
@@ -130,17 +134,16 @@ func (r *runner) acquire(ctx context.Context) int {
 	case context.Cause(ctx) == errInterrupted:
 		return 1 // the caller reports the signal
 	case errors.Is(err, errUnreachable):
-		return failf(exitUnavailable, "dlock run: %v", err)
+		return failf(exitUnavailable, "dlock %s: %v", r.verb, err)
 	case err != nil:
-		return failf(exitUsage, "dlock run: %v", err)
+		return failf(exitUsage, "dlock %s: %v", r.verb, err)
 	}
 	r.mc = mc
 	client, err := dlock.NewClient(coll, dlock.WithTTL(r.flags.ttl), dlock.WithMaxHold(r.flags.maxHold), dlock.WithOwner(r.owner))
 	if err != nil {
-		return failf(exitUsage, "dlock run: %s", errorText(err))
+		return failf(exitUsage, "dlock %s: %s", r.verb, errorText(err))
 	}
 	r.client = client
-	r.mu = client.NewMutex(r.key)
 
 	wait := ctx
 	if r.flags.timeout > 0 {
@@ -148,35 +151,66 @@ func (r *runner) acquire(ctx context.Context) int {
 		wait, cancel = context.WithTimeout(ctx, r.flags.timeout)
 		defer cancel()
 	}
-	err = r.mu.TryLock(wait)
-	if err != nil && !r.flags.try && !errors.Is(err, dlock.ErrInvalidKey) && wait.Err() == nil {
-		if errors.Is(err, dlock.ErrLocked) && r.flags.verbose {
-			fmt.Fprintf(os.Stderr, "dlock run: %q is held; waiting\n", r.key)
-		}
-		err = r.mu.Lock(wait) // retries what waiting may mend
+	if r.elect {
+		err = r.campaign(wait)
+	} else {
+		err = r.lock(wait)
 	}
 	switch {
 	case err == nil:
 		if r.flags.verbose {
-			fmt.Fprintf(os.Stderr, "dlock run: holding %q with token %d\n", r.key, r.mu.Lease().Token())
+			what := "holding"
+			if r.elect {
+				what = "leading"
+			}
+			fmt.Fprintf(os.Stderr, "dlock %s: %s %q with token %d\n", r.verb, what, r.key, r.lease.Token())
 		}
 		return 0
 	case context.Cause(ctx) == errInterrupted:
 		return 1 // the caller reports the signal
 	case errors.Is(err, dlock.ErrLocked):
-		return failf(exitHeld, "dlock run: %q is held by another owner (-try)", r.key)
+		return failf(exitHeld, "dlock %s: %q is held by another owner (-try)", r.verb, r.key)
 	case errors.Is(err, context.DeadlineExceeded) && wait.Err() != nil:
-		return failf(exitHeld, "dlock run: %q not acquired within -timeout %v", r.key, r.flags.timeout)
+		return failf(exitHeld, "dlock %s: %q not acquired within -timeout %v", r.verb, r.key, r.flags.timeout)
 	case errors.Is(err, dlock.ErrInvalidKey), errors.Is(err, dlock.ErrInvalidOption):
-		return failf(exitUsage, "dlock run: %s", errorText(err))
+		return failf(exitUsage, "dlock %s: %s", r.verb, errorText(err))
 	default:
-		return failf(exitUnavailable, "dlock run: %s", errorText(err))
+		return failf(exitUnavailable, "dlock %s: %s", r.verb, errorText(err))
 	}
+}
+
+// lock takes the lock KEY (dlock run), and sets r.lease.
+func (r *runner) lock(wait context.Context) error {
+	mu := r.client.NewMutex(r.key)
+	err := mu.TryLock(wait)
+	if err != nil && !r.flags.try && !errors.Is(err, dlock.ErrInvalidKey) && wait.Err() == nil {
+		if errors.Is(err, dlock.ErrLocked) && r.flags.verbose {
+			fmt.Fprintf(os.Stderr, "dlock run: %q is held; waiting\n", r.key)
+		}
+		err = mu.Lock(wait) // retries what waiting may mend
+	}
+	if err == nil {
+		r.lease = mu.Lease()
+	}
+	return err
+}
+
+// campaign waits until this process leads the election KEY (dlock elect),
+// and sets r.lease to the term.
+func (r *runner) campaign(wait context.Context) error {
+	if r.flags.verbose {
+		fmt.Fprintf(os.Stderr, "dlock elect: campaigning for %q\n", r.key)
+	}
+	l, err := r.client.NewElection(r.key).Campaign(wait, r.value)
+	if err == nil {
+		r.lease = l
+	}
+	return err
 }
 
 // supervise runs COMMAND under the lease, and returns the exit status.
 func (r *runner) supervise(sigs <-chan os.Signal) int {
-	lease := r.mu.Lease()
+	lease := r.lease
 	cmd := exec.Command(r.argv[0], r.argv[1:]...)
 	cmd.Env = append(os.Environ(),
 		"DLOCK_KEY="+r.key,
@@ -189,7 +223,7 @@ func (r *runner) supervise(sigs <-chan os.Signal) int {
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
 			code = exitNotFound
 		}
-		return failf(code, "dlock run: %v", err)
+		return failf(code, "dlock %s: %v", r.verb, err)
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }() // ends when COMMAND does; waited for below
@@ -211,13 +245,13 @@ wait:
 		case <-lostCh:
 			lostCh = nil
 			lost = lease.Err()
-			fmt.Fprintf(os.Stderr, "dlock run: %s; stopping COMMAND (SIGTERM, SIGKILL after %v)\n", errorText(lost), r.flags.grace)
+			fmt.Fprintf(os.Stderr, "dlock %s: %s; stopping COMMAND (SIGTERM, SIGKILL after %v)\n", r.verb, errorText(lost), r.flags.grace)
 			signalGroup(cmd, syscall.SIGTERM)
 			kill = time.NewTimer(r.flags.grace)
 			killC = kill.C
 		case <-killC:
 			killC = nil
-			fmt.Fprintf(os.Stderr, "dlock run: COMMAND still running %v after SIGTERM; sending SIGKILL\n", r.flags.grace)
+			fmt.Fprintf(os.Stderr, "dlock %s: COMMAND still running %v after SIGTERM; sending SIGKILL\n", r.verb, r.flags.grace)
 			signalGroup(cmd, syscall.SIGKILL)
 		}
 	}
@@ -228,7 +262,7 @@ wait:
 		select {
 		case <-lease.Lost(): // lost as COMMAND exited: it may have run unprotected
 			lost = lease.Err()
-			fmt.Fprintf(os.Stderr, "dlock run: %s as COMMAND exited\n", errorText(lost))
+			fmt.Fprintf(os.Stderr, "dlock %s: %s as COMMAND exited\n", r.verb, errorText(lost))
 		default:
 		}
 	}
@@ -245,18 +279,18 @@ wait:
 func (r *runner) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), max(r.flags.ttl, time.Second))
 	defer cancel()
-	if r.mu != nil && r.mu.Lease() != nil {
-		lease := r.mu.Lease()
-		err := r.mu.Unlock(ctx)
+	if r.lease != nil {
+		lease := r.lease
+		err := lease.Release(ctx)
 		switch {
 		case err == nil:
 			if r.flags.verbose {
-				fmt.Fprintf(os.Stderr, "dlock run: released %q\n", r.key)
+				fmt.Fprintf(os.Stderr, "dlock %s: released %q\n", r.verb, r.key)
 			}
 		case errors.Is(err, dlock.ErrLeaseLost) && errors.Is(lease.Err(), dlock.ErrLeaseLost):
 			// Lost, and said so already.
 		default:
-			fmt.Fprintf(os.Stderr, "dlock run: release %q: %s (it frees itself within -ttl)\n", r.key, errorText(err))
+			fmt.Fprintf(os.Stderr, "dlock %s: release %q: %s (it frees itself within -ttl)\n", r.verb, r.key, errorText(err))
 		}
 	}
 	if r.client != nil {
@@ -280,7 +314,7 @@ func exitStatus(err error) int {
 		}
 		return ee.ExitCode()
 	}
-	return failf(exitCannotRun, "dlock run: %v", err)
+	return failf(exitCannotRun, "dlock: %v", err)
 }
 
 // signalStatus is the status of a process that a signal ended, as a shell
