@@ -147,12 +147,14 @@ func TestManyProcesses(t *testing.T) {
 
 // TestSharedKeys: worker processes take an RWMutex's key, shared or
 // exclusively (its writers read and write its register, its readers read
-// it), and a Semaphore's permits, while holders are killed and frozen and
-// replies are slow. Checked as TestFaults checks a Mutex's key, with
-// readers allowed to overlap each other and at most semPermits permits
-// valid at an instant.
+// it), a Semaphore's permits, and terms as an Election's leader (which
+// read and write its register), while holders are killed and frozen and
+// replies are slow. Checked as TestFaults checks a Mutex's key: never two
+// leaders at an instant, a leader's Lost before the next leader's term,
+// fenced writes linearizable; with readers allowed to overlap each other
+// and at most semPermits permits valid at an instant.
 func TestSharedKeys(t *testing.T) {
-	r := run(t, scenario{procs: 4, duration: 10 * time.Second, shared: true, net: []string{faultLatency}, kill: true, freeze: true})
+	r := run(t, scenario{procs: 4, duration: 10 * time.Second, shared: true, net: []string{faultLatency, faultBlackhole}, kill: true, freeze: true})
 	assert.Positive(t, r.faults[faultKill]+r.faults[faultFreeze], "faults injected")
 }
 
@@ -173,7 +175,7 @@ func run(t *testing.T, sc scenario) report {
 		uri, db = setup(t)
 	}
 	ctx := context.Background()
-	registers := []string{rwKey}
+	registers := []string{rwKey, leaderKey}
 	if !sc.shared {
 		registers = nil
 		for i := range sc.keys {

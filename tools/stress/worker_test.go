@@ -30,14 +30,16 @@ const (
 	envLog   = "DLOCK_STRESS_LOG"    // history file, appended to
 	envNet   = "DLOCK_STRESS_NET"    // network faults to inject, comma-separated (netfaults_test.go)
 	envCalm  = "DLOCK_STRESS_CALM"   // no faults from then on, Unix nanoseconds
-	envShare = "DLOCK_STRESS_SHARED" // "1": lock the keys rwKey (an RWMutex) and semKey (a Semaphore) instead
+	envShare = "DLOCK_STRESS_SHARED" // "1": lock the keys rwKey, semKey and leaderKey instead
 )
 
 // The keys of a shared run: an RWMutex's, whose writers read and write its
-// register and whose readers read it, and a Semaphore's of semPermits.
+// register and whose readers read it; a Semaphore's of semPermits; and an
+// Election's, whose leaders read and write its register.
 const (
 	rwKey      = "rw"
 	semKey     = "sem"
+	leaderKey  = "leader"
 	semPermits = 2
 )
 
@@ -148,13 +150,15 @@ func runWorker() error {
 			key = fmt.Sprint("key-", rand.IntN(keys))
 			hold = mutexHolder{c.NewMutex(key)}
 		} else {
-			switch rand.IntN(3) {
+			switch rand.IntN(4) {
 			case 0:
 				key, hold = rwKey, readHolder{c.NewRWMutex(rwKey)}
 			case 1:
 				key, hold = rwKey, mutexHolder{c.NewRWMutex(rwKey)}
-			default:
+			case 2:
 				key, hold = semKey, &semHolder{s: c.NewSemaphore(semKey, semPermits)}
+			default:
+				key, hold = leaderKey, &leaderHolder{e: c.NewElection(leaderKey), value: fmt.Sprint("process ", proc)}
 			}
 		}
 		sh := hold.shared()
@@ -294,6 +298,21 @@ func (s *semHolder) lock(ctx context.Context) (*dlock.Lease, error) {
 }
 func (s *semHolder) unlock(ctx context.Context) error { return s.l.Release(ctx) }
 func (*semHolder) shared() bool                       { return true }
+
+// leaderHolder leads an Election for a term; resigning ends it.
+type leaderHolder struct {
+	e     *dlock.Election
+	value string
+	l     *dlock.Lease
+}
+
+func (h *leaderHolder) lock(ctx context.Context) (*dlock.Lease, error) {
+	var err error
+	h.l, err = h.e.Campaign(ctx, h.value)
+	return h.l, err
+}
+func (h *leaderHolder) unlock(ctx context.Context) error { return h.l.Release(ctx) }
+func (*leaderHolder) shared() bool                       { return false }
 
 // write sets the register to v, fenced by t, and says what became of it.
 // It does not use the lease's context: a write that a pause delayed past
