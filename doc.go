@@ -1,13 +1,16 @@
 // Package dlock provides distributed locks with leases and fencing tokens,
-// stored in MongoDB: mutexes, reader/writer locks and semaphores.
+// stored in MongoDB: mutexes, reader/writer locks, semaphores and leader
+// election.
 //
 // A [Client] keeps one document per key in a collection. [Mutex.Lock]
 // blocks until the Mutex holds the key; the hold is a [Lease], extended in
 // the background, with a fencing [Token] and channels that close when it
 // ends ([Lease.Done]) or is lost ([Lease.Lost]). An [RWMutex] gives shared
 // (read) holds and exclusive (write) holds of a key, a [Semaphore] up to n
-// permits; each of their holds is a Lease of the same kind, with its own
-// token, so everything below holds for them too. [WithData] stores a few
+// permits, an [Election] one leader at a time; each of their holds is a
+// Lease of the same kind, with its own token, so everything below holds
+// for them too. [WithMaxHold] caps any hold, [Mutex.Locker] adapts a Mutex
+// to [sync.Locker], and [Client.Prune] keeps the collection small. [WithData] stores a few
 // bytes with each hold and [Client.Holders] reads who holds a key.
 //
 // # Guarantees
