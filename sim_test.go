@@ -869,7 +869,10 @@ func TestSimulation(t *testing.T) {
 // bound 1-22, a release not conditional on the token 91-3456 (it needs a
 // late release to overtake the same Client's next hold), a prune that
 // deletes without raising the floor 1-11, a Lock that reads the floor
-// before it creates the document 8-285 (12 sessions). Under -race a run
+// before it creates the document 8-285 (12 sessions); and, over 7
+// sessions, a Semaphore allowing n+1 permits 1-11, shared holds cleared
+// without waiting out their TTL 1-53 (RWMutex) and 1-13 (Semaphore), a
+// shared hold's deadline counted from the reply 5-35. Under -race a run
 // takes about 10 ms.
 func TestSimulationCatchesFlaws(t *testing.T) {
 	for _, tc := range []struct {
