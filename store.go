@@ -173,7 +173,11 @@ type store interface {
 	// acquire makes a.owner the holder of a.key with a new token and hold
 	// id a.hold if the record is absent, free, already held by this very
 	// attempt (same owner and hold), or still in state takeover (the zero
-	// stamp for none). It returns the record written, or errHeld.
+	// stamp for none). A shared attempt (a.shared) instead adds a shared
+	// hold, with token a.token+1, if the record is absent, or of a's kind
+	// with its counter still at a.token and room for it (record.sharable).
+	// It returns the record written, or errHeld; errHeld also when the
+	// record is of another kind.
 	acquire(ctx context.Context, a attempt, takeover stamp) (record, error)
 	// handoff passes an exclusive hold to a new hold of the same owner
 	// with a new token, the hold id hold, ttl and data; errNotOwner when
