@@ -251,6 +251,12 @@ func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover stamp) (re
 	if unset != nil {
 		update = append(update, bson.E{Key: "$unset", Value: unset})
 	}
+	return s.upsert(ctx, a.key, filter, update)
+}
+
+// upsert sends an acquire: the record after it, or errHeld when the record
+// exists and the filter did not match it.
+func (s *mongoStore) upsert(ctx context.Context, key string, filter, update bson.D) (record, error) {
 	s.counted(ctx, 1)
 	var d lockDoc
 	err := s.coll.FindOneAndUpdate(ctx, filter, update, upsertAfter).Decode(&d)
@@ -258,10 +264,9 @@ func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover stamp) (re
 	case err == nil:
 		return d.record(), nil
 	case duplicateKey(err):
-		// The record exists and the filter did not match: someone else holds it.
 		return record{}, errHeld
 	default:
-		return record{}, fmt.Errorf("dlock: acquire %q: %w", a.key, err)
+		return record{}, fmt.Errorf("dlock: acquire %q: %w", key, err)
 	}
 }
 
@@ -283,17 +288,7 @@ func (s *mongoStore) acquireShared(ctx context.Context, a attempt) (record, erro
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 		{Key: "$setOnInsert", Value: bson.D{{Key: fRaw, Value: true}}},
 	}
-	s.counted(ctx, 1)
-	var d lockDoc
-	err := s.coll.FindOneAndUpdate(ctx, filter, update, upsertAfter).Decode(&d)
-	switch {
-	case err == nil:
-		return d.record(), nil
-	case duplicateKey(err):
-		return record{}, errHeld
-	default:
-		return record{}, fmt.Errorf("dlock: acquire %q shared: %w", a.key, err)
-	}
+	return s.upsert(ctx, a.key, filter, update)
 }
 
 func (s *mongoStore) register(ctx context.Context, a attempt) (record, error) {
