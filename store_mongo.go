@@ -270,6 +270,23 @@ func (s *mongoStore) upsert(ctx context.Context, key string, filter, update bson
 	}
 }
 
+// modify applies update to the record that filter matches and returns
+// it as it is after; errNotOwner when filter matches nothing (the hold or
+// the key it names is gone). what names the write in errors.
+func (s *mongoStore) modify(ctx context.Context, filter, update bson.D, what, key string) (record, error) {
+	s.counted(ctx, 1)
+	var d lockDoc
+	err := s.coll.FindOneAndUpdate(ctx, filter, update, returnAfter).Decode(&d)
+	switch {
+	case err == nil:
+		return d.record(), nil
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return record{}, errNotOwner
+	default:
+		return record{}, fmt.Errorf("dlock: %s %q: %w", what, key, err)
+	}
+}
+
 // acquireShared adds a shared hold, by a compare-and-set on the token
 // counter (doc.go has why).
 func (s *mongoStore) acquireShared(ctx context.Context, a attempt) (record, error) {
@@ -297,17 +314,7 @@ func (s *mongoStore) register(ctx context.Context, a attempt) (record, error) {
 		{Key: "$set", Value: bson.D{{Key: path(fW, a.holdKey()), Value: e}}},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}
-	s.counted(ctx, 1)
-	var d lockDoc
-	err := s.coll.FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: a.key}, {Key: fKind, Value: a.kind}}, update, returnAfter).Decode(&d)
-	switch {
-	case err == nil:
-		return d.record(), nil
-	case errors.Is(err, mongo.ErrNoDocuments):
-		return record{}, errNotOwner
-	default:
-		return record{}, fmt.Errorf("dlock: register a writer for %q: %w", a.key, err)
-	}
+	return s.modify(ctx, bson.D{{Key: "_id", Value: a.key}, {Key: fKind, Value: a.kind}}, update, "register a writer for", a.key)
 }
 
 func (s *mongoStore) reap(ctx context.Context, key string, at stamp, stale []staleEntry) (bool, error) {
@@ -373,17 +380,7 @@ func (s *mongoStore) handoff(ctx context.Context, ref leaseRef, hold int64, ttl 
 	} else {
 		update = append(update, bson.E{Key: "$unset", Value: bson.D{{Key: fData, Value: ""}}})
 	}
-	s.counted(ctx, 1)
-	var d lockDoc
-	err := s.coll.FindOneAndUpdate(ctx, held(ref), update, returnAfter).Decode(&d)
-	switch {
-	case err == nil:
-		return d.record(), nil
-	case errors.Is(err, mongo.ErrNoDocuments):
-		return record{}, errNotOwner
-	default:
-		return record{}, fmt.Errorf("dlock: hand off %q: %w", ref.key, err)
-	}
+	return s.modify(ctx, held(ref), update, "hand off", ref.key)
 }
 
 func (s *mongoStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error) {
@@ -576,17 +573,7 @@ func (s *mongoStore) raise(ctx context.Context, a attempt, floor Token) (record,
 		filter = bson.D{{Key: "_id", Value: a.key}, {Key: fToken, Value: int64(a.token)}, {Key: path(fH, a.holdKey()), Value: bson.D{{Key: "$exists", Value: true}}}}
 		update[0] = bson.E{Key: "$set", Value: bson.D{{Key: fToken, Value: t}, {Key: path(fH, a.holdKey(), eToken), Value: t}}}
 	}
-	s.counted(ctx, 1)
-	var d lockDoc
-	err := s.coll.FindOneAndUpdate(ctx, filter, update, returnAfter).Decode(&d)
-	switch {
-	case err == nil:
-		return d.record(), nil
-	case errors.Is(err, mongo.ErrNoDocuments):
-		return record{}, errNotOwner
-	default:
-		return record{}, fmt.Errorf("dlock: raise %q above the floor: %w", a.key, err)
-	}
+	return s.modify(ctx, filter, update, "raise above the floor", a.key)
 }
 
 func (s *mongoStore) idle(ctx context.Context, cutoff time.Time, limit int) ([]idleRecord, error) {
