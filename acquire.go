@@ -25,10 +25,34 @@ type claim struct {
 	seen *seen   // shared holds: the key's token counter as last seen
 }
 
-// A pacing is a primitive's memory of its last wait (see pace).
+// A pacing is a primitive's memory of its last wait (see pace) and of its
+// key's queue counter as last seen (a registration is a compare-and-set on
+// it, so a good guess saves a read).
 type pacing struct {
-	mu   sync.Mutex
-	last pace // guarded by mu
+	mu    sync.Mutex
+	last  pace  // guarded by mu
+	queue int64 // guarded by mu
+}
+
+// contended reports whether the primitive's last wait ended less than a
+// TTL before now: a Lock then registers in the queue at once, rather than
+// spending a command on an attempt that is likely to fail.
+func (p *pacing) contended(now time.Time, cfg *config) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return !p.last.at.IsZero() && now.Sub(p.last.at) < cfg.ttl
+}
+
+func (p *pacing) queueSeen() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.queue
+}
+
+func (p *pacing) sawQueue(q int64) {
+	p.mu.Lock()
+	p.queue = q
+	p.mu.Unlock()
 }
 
 func (p *pacing) start(now time.Time, cfg *config) poller {
@@ -224,32 +248,42 @@ func kindError(key, want, got string) error {
 // when ctx ended, the Client closed, the key is held (with try) or the
 // server failed in a way that waiting will not mend.
 //
-// Each poll of a held key is an acquire attempt, one command that takes the
-// key when it is free: a waiter that finds the key freed takes it in the
-// same command that found it. All the attempts of one call carry one hold
-// id, so a retry after an unanswered attempt finds that attempt's hold
-// its own. The record is read to start a watch on the holder's revision,
-// when a wait outlasts its first poll (a TryLock reads at once), again when
-// that watch says the revision may be taken over, and, while the Lock span
-// is recorded and has named fewer than maxHeldEvents holders, after the
-// failed polls numbered 1, 2, 4, 8 and so on, to name each new holder in
-// it: a traced wait of n polls spends at most log2(n) reads more. A read
-// that shows the key takeable is followed by an attempt at once, but only
-// once: if that attempt fails too (a lagging read), the next waits for the
-// poll.
+// A call that must wait queues in the key's document (doc.go has the
+// design): it registers with the next queue number, and from then on
+// only the head of the queue, the registered waiter with no waiter
+// registered before it, may take the key; an unregistered attempt takes a
+// free key only while no one is registered. So a Client that unlocks and
+// locks again goes behind those already waiting. The registration is kept
+// alive by the extender like a lease; the acquire that takes the key ends
+// it, and a call that gives up removes it. Waiters whose Clients stopped
+// extending their registrations (and, for an RWMutex's writer, shared
+// holds whose owners stopped extending them) are cleared by their epochs
+// (see entryWatch), so a crashed waiter holds up the queue for at most its
+// TTL. A Lock whose primitive waited less than a TTL ago registers at
+// once; otherwise it first tries to take the key, one command when the key
+// is free.
 //
-// An RWMutex's writer that finds the key held registers itself in the
-// document, so that no new shared hold is taken until it has the key (or
-// gives up): a stream of readers cannot starve it. The registration is
-// kept alive by the extender like a lease, and the acquire that takes the
-// key ends it. Shared holds whose owners stopped extending them are
-// cleared by their epochs (see entryWatch).
+// The head polls with acquire attempts, one command that takes the key
+// when it is free; the waiters behind it poll by reading the document, to
+// learn when they are at the head. All the attempts of one call carry one
+// hold id, so a retry after an unanswered attempt finds that attempt's
+// hold its own. The head also reads the record to start a watch on the
+// holder's revision, when a wait outlasts its first poll (a TryLock reads
+// at once), again when that watch says the revision may be taken over,
+// and, while the Lock span is recorded and has named fewer than
+// maxHeldEvents holders, after the failed polls numbered 1, 2, 4, 8 and so
+// on, to name each new holder in it: a traced wait of n polls spends at
+// most log2(n) reads more. A read that shows the key takeable is followed
+// by an attempt at once, but only once: if that attempt fails too (a
+// lagging read), the next waits for the poll. A TryLock never queues.
 func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, error) {
 	a := cl.spec
 	a.owner, a.hold = c.owner, c.holds.Add(1)
+	a.barge = c.cfg.flaw == flawUnfair || c.cfg.flaw == flawQueueJump
 	var (
 		w        watch
 		ew       entryWatch
+		q        queueing
 		polls    *poller
 		attempts int
 		unsure   bool   // an attempt may have applied without our seeing the reply
@@ -257,80 +291,109 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 		lastErr  error  // the last transient failure
 		holder   record // the last holder reported to the trace
 		events   int    // holders reported
-		reg      *Lease // an RWMutex writer's registration
 	)
 	early := c.earlyFloor(ctx)
 	tracing := trace.SpanFromContext(ctx).IsRecording()
 	giveUp := func(err error) (*Lease, int, error) {
-		c.unregister(reg)
+		c.unregister(q.reg)
 		return nil, attempts, c.giveUp(ctx, a, unsure, lastErr, err)
 	}
 	ew.hasty = c.cfg.flaw == flawReapLive
+	queues := !try && c.queues(a.kind)
+	enqueue := queues && cl.pace.contended(c.clock.Now(), cl.cfg)
+	joined := enqueue // tried to register since the last wait: at most once a poll
 	for {
-		attempts++
-		a.registered = reg != nil
-		sent := c.clock.Now()
-		r, err := c.store.acquire(ctx, a, w.takeover(sent))
-		if err == nil && r.Raw {
-			r, err = c.raise(ctx, a, r, early)
-		}
+		var err error
+		var r record
+		read := false // read the record after this step
 		switch {
-		case err == nil:
-			if c.cfg.flaw == flawDeadlineFromReply {
-				sent = c.clock.Now()
+		case enqueue:
+			enqueue = false
+			r, err = c.enqueue(ctx, cl, a, &q)
+			if err == nil {
+				if r.Rev == 0 { // no record: the key is free
+					rushed = true
+					continue
+				}
+				c.watchHolder(ctx, r, &w)
+				err = c.view(cl, a, r, &w, &ew, &q)
+				if err == nil && q.head() && (r.free() || w.takeover(c.clock.Now()).rev != 0) {
+					rushed = true
+					continue
+				}
 			}
-			if reg != nil { // the acquire ended the registration
-				reg.end(ErrReleased, "")
-			}
-			l, gerr := c.grant(cl, a, r.Token, roleExclusive, sent)
-			if errors.Is(gerr, ErrClosed) {
-				return nil, attempts, ErrClosed
-			}
-			if gerr != nil {
-				// Answered too late to rely on: the hold is ours on the
-				// server, and the next attempt renews it (same hold id).
-				reg = nil
-				unsure, err = true, gerr
-				break
-			}
-			if polls != nil {
-				cl.pace.ended(polls.last, c.clock.Now())
-			}
-			return l, attempts, nil
-		case !errors.Is(err, errHeld):
-			unsure = true
-		case rushed:
-			err = nil // wait for the poll: see the doc comment
-		case (w.rev == 0 && (try || attempts > 1)) || w.takeover(c.clock.Now()).rev != 0 || ew.wait(c.clock.Now()) == 0 ||
-			tracing && events < maxHeldEvents && attempts&(attempts-1) == 0:
-			r, err = c.observe(ctx, a.key, &w)
-			if err == nil && r.Rev != 0 && r.Kind != a.kind {
-				return giveUp(kindError(a.key, a.kind, r.Kind))
+		case q.head():
+			attempts++
+			a.registered, a.ahead = q.registered(), q.ahead
+			sent := c.clock.Now()
+			r, err = c.store.acquire(ctx, a, w.takeover(sent))
+			if err == nil && r.Raw {
+				r, err = c.raise(ctx, a, r, early)
 			}
 			if err == nil {
-				ew.observe(r, c.clock.Now(), roleShared) // readers block a writer; other writers' registrations do not
+				if c.cfg.flaw == flawDeadlineFromReply {
+					sent = c.clock.Now()
+				}
+				if q.reg != nil { // the acquire ended the registration
+					q.reg.end(ErrReleased, "")
+				}
+				l, gerr := c.grant(cl, a, r.Token, roleExclusive, sent)
+				if errors.Is(gerr, ErrClosed) {
+					return nil, attempts, ErrClosed
+				}
+				if gerr == nil {
+					if polls != nil || q.reg != nil {
+						cl.pace.ended(polls.lastOrZero(), c.clock.Now())
+					}
+					return l, attempts, nil
+				}
+				// Answered too late to rely on: the hold is ours on the
+				// server, and the next attempt renews it (same hold id).
+				q = queueing{}
+				unsure, err = true, gerr
+			}
+			switch {
+			case err == nil:
+			case !errors.Is(err, errHeld):
+				unsure = true
+			case rushed:
+				err = nil // wait for the poll: see the doc comment
+			default:
+				err = nil
+				read = (w.rev == 0 && (try || attempts > 1)) || w.takeover(c.clock.Now()).rev != 0 || ew.wait(c.clock.Now()) == 0 ||
+					tracing && events < maxHeldEvents && attempts&(attempts-1) == 0
+			}
+		default: // behind others in the queue: read to learn when at its head
+			read = true
+		}
+		rushed = false
+		if read {
+			r, err = c.observe(ctx, a.key, &w)
+			if err == nil {
+				err = c.view(cl, a, r, &w, &ew, &q)
+			}
+			if err == nil {
 				if stale := ew.due(c.clock.Now()); len(stale) > 0 {
-					// Readers that stopped extending: clear them, then try.
+					// Waiters ahead, or readers, that stopped extending: clear them, then go on.
 					if ok, rerr := c.store.reap(ctx, a.key, stamp{}, stale); rerr == nil && ok {
-						rushed = true
+						rushed = q.head()
 						continue
 					}
 				}
+				if q.head() && (r.free() || w.takeover(c.clock.Now()).rev != 0) {
+					rushed = true
+					continue // freed meanwhile, a hold of ours no call uses, or due
+				}
+				if events < maxHeldEvents && tracing && r.Owner != "" && (r.Owner != holder.Owner || r.Token != holder.Token) {
+					c.tel.heldBy(ctx, r)
+					holder = r
+					events++
+				}
 			}
-			if err == nil && (r.free() || w.takeover(c.clock.Now()).rev != 0) {
-				rushed = true
-				continue // freed meanwhile, a hold of ours no call uses, or due
-			}
-			if err == nil && events < maxHeldEvents && (r.Owner != holder.Owner || r.Token != holder.Token) {
-				c.tel.heldBy(ctx, r)
-				holder = r
-				events++
-			}
-		default:
-			err = nil
 		}
-		rushed = false
 		switch {
+		case errors.Is(err, ErrKindMismatch):
+			return giveUp(err)
 		case err != nil && (try || ctx.Err() != nil || !(transient(err) || errors.Is(err, errLateReply))):
 			return giveUp(err)
 		case err != nil:
@@ -340,35 +403,121 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 		case try:
 			return giveUp(errLockedElsewhere)
 		}
-		if a.kind == kindRW && (reg == nil || reg.Err() != nil) && c.cfg.flaw != flawNoWriterRegistration {
-			reg = c.register(ctx, cl, a)
+		if queues && !q.registered() && err == nil && !joined {
+			enqueue, joined = true, true // join the queue now, then wait
+			continue
 		}
-		if err := c.waitPoll(ctx, cl, &polls, &w, &ew); err != nil {
+		due := &w // when the holder's revision may be taken over: the head's concern alone
+		if !q.head() {
+			due = &watch{}
+		}
+		if err := c.waitPoll(ctx, cl, &polls, due, &ew); err != nil {
 			return giveUp(err)
 		}
+		joined = false
 	}
 }
 
-// register records a (an RWMutex's writer) as waiting in its key's
-// document, and returns the registration's lease, which the extender keeps
-// alive; nil when it could not (the writer then waits unregistered, and
-// tries again at its next poll).
-func (c *Client) register(ctx context.Context, cl claim, a attempt) *Lease {
-	sent := c.clock.Now()
-	if _, err := c.store.register(ctx, a); err != nil {
-		return nil
+// queues reports whether an exclusive wait for a key of kind queues in
+// the document (not with the flawed variants that keep waiters out).
+func (c *Client) queues(kind string) bool {
+	switch {
+	case c.cfg.flaw == flawUnfair:
+		return kind == kindRW // as before fair queueing: only an RWMutex's writers registered
+	case c.cfg.flaw == flawNoWriterRegistration:
+		return kind != kindRW
 	}
-	reg := c.newLease(nil, cl.cfg, a, 0, roleWriter, sent)
+	return true
+}
+
+// A queueing is one exclusive wait's place in its key's queue.
+type queueing struct {
+	reg    *Lease   // the registration, kept alive by the extender; nil when not registered
+	number int64    // its queue number
+	ahead  []string // hold keys of the waiters registered before it, as last seen
+}
+
+// registered reports whether the wait is registered, as far as it knows.
+func (q *queueing) registered() bool { return q.reg != nil && q.reg.Err() == nil }
+
+// head reports whether the wait may send an acquire: unregistered (it
+// then takes a free key only while no one is registered), or registered
+// with no waiter ahead of it as last seen. The acquire's filter checks
+// that those ahead are gone, so a stale view costs a failed attempt, not
+// the order.
+func (q *queueing) head() bool { return !q.registered() || len(q.ahead) == 0 }
+
+// enqueue registers attempt a as a waiter for its key, with the next
+// queue number: a compare-and-set on the key's queue counter as cl's
+// primitive last saw it; when that was stale it reads the counter and
+// tries once more. It returns the record written (or, when the key has no
+// record, the zero record, unregistered). A registration whose outcome is
+// unknown is removed in the background.
+func (c *Client) enqueue(ctx context.Context, cl claim, a attempt, q *queueing) (record, error) {
+	a.queue = cl.pace.queueSeen()
+	sent := c.clock.Now()
+	r, err := c.store.register(ctx, a)
+	if errors.Is(err, errHeld) { // a stale counter, or no record of a's kind
+		if r, err = c.store.read(ctx, a.key); err != nil || r.Rev == 0 || r.Kind != a.kind {
+			return r, err
+		}
+		a.queue = r.Queue
+		sent = c.clock.Now()
+		r, err = c.store.register(ctx, a)
+	}
+	switch {
+	case errors.Is(err, errHeld):
+		return record{}, nil // outrun twice: wait unregistered, and try again after the poll
+	case err != nil:
+		ref := leaseRef{key: a.key, owner: a.owner, hold: a.hold, ttl: a.ttl, role: roleWaiter}
+		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
+		return record{}, err
+	}
+	cl.pace.sawQueue(r.Queue)
+	reg := c.newLease(nil, cl.cfg, a, 0, roleWaiter, sent)
 	reg.data = nil
 	if !c.ext.add(reg) {
 		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, reg.ref()) })
-		return nil
+		return record{}, ErrClosed
 	}
-	return reg
+	q.reg, q.number, q.ahead = reg, r.Waiters[a.holdKey()].Q, nil
+	return r, nil
 }
 
-// unregister ends a writer's registration that its acquire did not end,
-// and removes it from the document in the background.
+// view brings an exclusive wait up to date with r, the record as just
+// read or registered in: its place in the queue (a registration that is
+// gone, cleared by another waiter while this Client could not extend it,
+// is ended, and the wait registers again), the watch of the holder's
+// revision, and the entries it watches for liveness: the waiters ahead of
+// it (all of them while unregistered) and, for an RWMutex's writer, the
+// shared holds.
+func (c *Client) view(cl claim, a attempt, r record, w *watch, ew *entryWatch, q *queueing) error {
+	if r.Rev != 0 && r.Kind != a.kind {
+		return kindError(a.key, a.kind, r.Kind)
+	}
+	if r.Rev != 0 {
+		cl.pace.sawQueue(r.Queue)
+	}
+	blocking := r
+	if q.reg != nil {
+		e, ok := r.Waiters[a.holdKey()]
+		if !ok {
+			c.unregister(q.reg)
+			*q = queueing{}
+		} else {
+			q.number, q.ahead = e.Q, r.ahead(e.Q)
+			blocking.Waiters = make(map[string]entry, len(q.ahead))
+			for _, hk := range q.ahead {
+				blocking.Waiters[hk] = r.Waiters[hk]
+			}
+		}
+	}
+	ew.observe(blocking, c.clock.Now(), roleShared, roleWaiter)
+	return nil
+}
+
+// unregister ends a registration that its acquire did not end, and
+// removes it from the document in the background.
 func (c *Client) unregister(reg *Lease) {
 	if reg == nil || !reg.end(ErrReleased, "") {
 		return
@@ -489,8 +638,12 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 					ready, afterRead = true, true
 					continue
 				}
-				w.observe(r, now, -1)
-				blockers := []role{roleWriter} // a registered writer blocks new shared holds
+				if r.free() {
+					w = watch{} // no hold to take over: registered writers block it (ew)
+				} else {
+					w.observe(r, now, -1)
+				}
+				blockers := []role{roleWaiter} // a registered writer blocks new shared holds
 				if len(r.Shared) >= a.limit {
 					blockers = append(blockers, roleShared) // and so does a full Semaphore
 				}
@@ -524,7 +677,7 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 // exclusive holder, room under the limit, no writer registered, and not a
 // raw document that someone else has joined already.
 func (r record) sharable(a attempt) bool {
-	return r.Owner == "" && len(r.Shared) < a.limit && len(r.Writers) == 0 && !(r.Raw && len(r.Shared) > 0)
+	return r.Owner == "" && len(r.Shared) < a.limit && len(r.Waiters) == 0 && !(r.Raw && len(r.Shared) > 0)
 }
 
 // raise gives the hold that attempt a has in r, a record it found raw
@@ -573,7 +726,7 @@ type watchedEntry struct {
 // observe records r's entries of the given roles (those that block the
 // waiter), read at now; it forgets every other entry.
 func (ew *entryWatch) observe(r record, now time.Time, roles ...role) {
-	next := make(map[string]watchedEntry, len(r.Shared)+len(r.Writers))
+	next := make(map[string]watchedEntry, len(r.Shared)+len(r.Waiters))
 	for _, ro := range roles {
 		for k, e := range r.entries(ro) {
 			id := string(rune('0'+ro)) + k
@@ -623,12 +776,22 @@ func (ew *entryWatch) wait(now time.Time) time.Duration {
 // server's clock can be taken over without waiting a further TTL.
 func (c *Client) observe(ctx context.Context, key string, w *watch) (record, error) {
 	r, err := c.store.read(ctx, key)
-	if err != nil || r.free() {
+	if err != nil {
 		return r, err
+	}
+	c.watchHolder(ctx, r, w)
+	return r, nil
+}
+
+// watchHolder brings w up to date with r, a record just read (or
+// returned by a registration), as observe describes.
+func (c *Client) watchHolder(ctx context.Context, r record, w *watch) {
+	if r.free() {
+		return
 	}
 	if r.Owner == c.owner {
 		w.orphan(r, c.clock.Now())
-		return r, nil
+		return
 	}
 	elapsed := time.Duration(-1)
 	if c.cfg.flaw == flawWallClockExpiry {
@@ -652,5 +815,4 @@ func (c *Client) observe(ctx context.Context, key string, w *watch) (record, err
 		}
 	}
 	w.observe(r, c.clock.Now(), elapsed)
-	return r, nil
 }

@@ -38,6 +38,14 @@ func (p *poller) next() time.Duration {
 	return p.b.NextBackOff()
 }
 
+// lastOrZero is p's last interval, or 0 for no poller.
+func (p *poller) lastOrZero() time.Duration {
+	if p == nil {
+		return 0
+	}
+	return p.last
+}
+
 // A pace is what a Mutex remembers of its last wait for its key: the
 // interval its polls had reached, and when it ended. A wait that starts
 // within a TTL of the last one resumes at that interval instead of the

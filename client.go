@@ -447,8 +447,17 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 	if w := c.next(l.key); w != nil {
 		a := w.cl.spec
 		a.owner, a.hold = c.owner, c.holds.Add(1)
+		a.barge = c.cfg.flaw == flawUnfair || c.cfg.flaw == flawQueueJump
 		sent := c.clock.Now()
-		r, err := c.store.handoff(ctx, l.ref(), a.hold, a.ttl, a.data)
+		r, err := c.store.handoff(ctx, l.ref(), a)
+		if errors.Is(err, errNotOwner) && !a.barge {
+			// Lost, or waiters of other Clients are queued: the key is
+			// theirs first, and the local waiter queues behind them.
+			if err = c.store.release(ctx, l.ref()); err == nil {
+				c.deliver(l.key, w, nil)
+				return nil
+			}
+		}
 		switch {
 		case err == nil:
 			next := c.newLease(w.cl.lk, w.cl.cfg, a, r.Token, roleExclusive, sent)

@@ -25,7 +25,7 @@ type hook func(ctx context.Context, call func() error) error
 // hooked wraps a store with hooks, set and cleared while the test runs.
 type hooked struct {
 	store
-	mu    sync.Mutex
+	mu       sync.Mutex
 	hooks    map[string]hook // guarded by mu
 	calls    map[string]int  // guarded by mu
 	extended map[string]int  // extend calls naming each key; guarded by mu
@@ -66,8 +66,8 @@ func (h *hooked) acquire(ctx context.Context, a attempt, takeover stamp) (r reco
 	return r, err
 }
 
-func (h *hooked) handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration, data []byte) (r record, err error) {
-	err = h.run(ctx, "handoff", func() (err error) { r, err = h.store.handoff(ctx, ref, hold, ttl, data); return err })
+func (h *hooked) handoff(ctx context.Context, ref leaseRef, next attempt) (r record, err error) {
+	err = h.run(ctx, "handoff", func() (err error) { r, err = h.store.handoff(ctx, ref, next); return err })
 	return r, err
 }
 

@@ -144,15 +144,42 @@
 // the key stays held, by no one, until its TTL passes or the same Client
 // locks it again.
 //
-// Waiters in different Clients race: a Client that unlocks and locks again
-// often wins against the polls of other Clients (no fairness across
-// Clients). Goroutines of one Client queue in order for a Mutex or an
-// RWMutex's exclusive hold; those waiting for a Semaphore's permits each
-// poll, in no order.
+// Waiters queue in the lock document, first come first served (see
+// Fairness); a Semaphore's waiters do not queue across Clients: each
+// polls, in no order.
 //
 // [Client.Holders] reports what the document says: a holder that crashed
 // is listed until its hold is taken over or cleared, a TTL after a waiter
 // first saw it.
+//
+// # Fairness
+//
+// A Lock, RWMutex.Lock or Campaign that finds the key held registers in
+// the key's document with the next queue number, and from then on the key
+// goes to the registered waiters in the order of their numbers: a free
+// key may be taken only by the registered waiter that has no one
+// registered before it (the head), and by an unregistered call only while
+// no one is registered. The servers enforce this in the filter of the
+// acquire. Within a Client, calls for one key queue in the Client first
+// and one of them at a time waits in the document; an Unlock hands the
+// key to the Client's next caller only while no other Client is
+// registered, else it frees the key for the head. So, as a bound: a
+// waiter registered behind k others gets the key after at most k+1 holds
+// (the current one and one each of those ahead), each followed by the
+// head's next poll, at most the maximum backoff after the key is freed;
+// a waiter ahead that crashed or was cut off delays it by at most that
+// waiter's TTL, after which its registration is cleared. A waiter stays
+// registered as long as its Client extends its registration (as it
+// extends its leases); one that could not for a TTL may have been
+// cleared, and registers again at the back. A call whose context ends
+// leaves the queue; the clean-up write is in the background, and until it
+// lands (at most a second or the TTL) the others wait for its turn.
+//
+// Waiters poll: the head with acquire attempts, the others by reading
+// the document, so that they learn when they reach the head. No waiter is
+// woken by the server, so the key stays free for up to a poll interval
+// after an Unlock: fairness costs throughput when holds are short and
+// many Clients wait.
 //
 // # Close
 //
@@ -175,11 +202,15 @@
 // it. Unlock is one; the extensions of all
 // the leases a Client holds are one bulk write per cadence. Goroutines of
 // one Client waiting for the same key queue in the Client and do not poll
-// the server; on Unlock the hold passes to the next of them in one command.
-// A Lock waiting on another Client polls with acquire attempts, so the
-// poll that finds the key free takes it; it reads the lock document only
-// to watch the holder's revision for takeover (and, while its trace span
-// is recorded, now and then to name the holders it waits for).
+// the server; on Unlock the hold passes to the next of them in one command
+// (two while another Client's waiter is registered: the handoff is refused
+// and the key freed). A Lock that must wait for another Client registers
+// (one command; a read more when its primitive's view of the queue counter
+// is stale); then the head of the queue polls with acquire attempts, so the
+// poll that finds the key free takes it, and the waiters behind it poll by
+// reading the document. A Lock whose primitive waited less than a TTL ago
+// registers at once, without a first attempt. The uncontended Lock and
+// Unlock filter on w (no waiter registered) and write nothing more.
 //
 // # Telemetry
 //
@@ -239,13 +270,16 @@ package dlock
 //	               the shared holds (RWMutex readers, Semaphore permits),
 //	               keyed by hold: hk is the owner in base64url, ":" and the
 //	               hold id, so it is unique forever and is a valid field name
-//	w      {hk: {o: owner, hold, ttl, e: epoch}}
-//	               registered waiters, keyed like h: today an RWMutex's
-//	               writers (e starts at random, so a registration made
-//	               again never repeats an epoch a waiter saw); fair
-//	               queueing across Clients will add an order (q) and the
-//	               kind of hold waited for. Tested for emptiness with
-//	               {w: {$in: [null, {}]}}, so no count is kept
+//	w      {hk: {o: owner, hold, ttl, e: epoch, q}}
+//	               registered waiters for the exclusive hold (Mutex,
+//	               RWMutex.Lock, Election), keyed like h; e starts at
+//	               random, so a registration made again never repeats an
+//	               epoch a waiter saw; q is the waiter's queue number.
+//	               Tested for emptiness with {w: {$in: [null, {}]}}, so no
+//	               count is kept
+//	wq     int64   the greatest queue number handed out (absent: 0). A
+//	               registration is a compare-and-set on it: filter wq: Q,
+//	               $set wq: Q+1 and w.<hk>: {..., q: Q+1}
 //
 // and one floor document for the collection, {_id: 0, floor: int64}, whose
 // numeric _id no key (a string) can equal: floor is at least every token
@@ -290,7 +324,7 @@ package dlock
 //     registrations, and the shared holds when the Semaphore is full. A
 //     takeover of the whole record (every hold in it has ended: rev has
 //     stood still for the longest TTL in it) is conditional on rev and
-//     token together, and clears the shared holds and registrations too.
+//     token together, and clears the shared holds (not the registrations: rule 6).
 //  4. Floor: before any document is deleted, floor is raised to at least
 //     its token. Prune reads candidates (free: owner "", n = 0, w empty; and
 //     idle: at at least idle before the server's clock, which compares the
@@ -320,16 +354,26 @@ package dlock
 // deleting without raising floor first. Floor itself is never deleted and
 // only ever raised with $max.
 //
-// Fair queueing across Clients (not built yet) is to use the same counter
-// for its order: a waiter that has waited long registers in w with q from
-// the token counter (a compare-and-set as for shared holds), and while w
-// holds such waiters a free key may be taken only by the registered waiter
-// with the least q, which a release or handoff can also pass the key to in
-// the same write. Waiters' entries expire by rule 3, so a crashed waiter
-// blocks the others for at most its TTL.
+//  6. Queue: an exclusive acquire's filter carries a gate. Unregistered:
+//     w is empty. Registered as hk: w.<hk>.hold is its hold id (it was
+//     not cleared), and w.<a> does not exist for each hold key a of the
+//     waiters that the waiter has seen registered before it. That list is
+//     complete from its registration's reply on: queue numbers come from
+//     a compare-and-set on wq, so every waiter with a smaller number was
+//     in the document when it registered, and every later registration
+//     gets a greater one. So the gate holds exactly for the head of the
+//     queue, once the waiters ahead have taken the key or been cleared,
+//     and a stale view costs a failed attempt, never the order. A handoff
+//     within a Client carries the unregistered gate; a takeover of the
+//     whole record carries the taker's gate too, and leaves w alone
+//     (registrations have their own liveness, rule 3, and no revision).
+//     Nothing else takes an exclusive hold, so while waiter W is
+//     registered, every new hold belongs to a waiter that was ahead of W
+//     when W registered: W waits for at most that many holds, plus the one
+//     under way. The simulation checks exactly this on every write.
 //
 // Costs this design keeps: an uncontended exclusive Lock or Unlock of an
-// existing key is one command with no fields beyond those above the line
-// "raw"; creating a document costs a floor read and, when floor is not
+// existing key is one command that writes no fields beyond those above
+// the line "raw" (its filter also tests that w is empty); creating a document costs a floor read and, when floor is not
 // below the new token, a raise (three commands instead of one); a Client's
 // extensions of all its holds of all kinds remain one bulk write.

@@ -48,7 +48,7 @@ func (e *extender) add(l *Lease) bool {
 		return false
 	}
 	e.leases[l] = struct{}{}
-	if l.role != roleWriter { // a registration is not a hold
+	if l.role != roleWaiter { // a registration is not a hold
 		e.c.tel.held.Add(context.Background(), 1)
 	}
 	select {

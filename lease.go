@@ -67,7 +67,7 @@ func (c *Client) newLease(lk locker, cfg *config, a attempt, t Token, ro role, s
 		acquired: sent, deadline: sent.Add(holdFor(cfg.ttl)),
 		done: make(chan struct{}), lost: make(chan struct{}),
 	}
-	if d := cfg.maxHold; d > 0 && ro != roleWriter { // a registration is not a hold
+	if d := cfg.maxHold; d > 0 && ro != roleWaiter { // a registration is not a hold
 		l.maxHold, l.holdEnd, l.stop = d, sent.Add(d), sent.Add(d-l.ttl)
 		l.lastDue = l.stop.Add(-lastGuard(l.ttl))
 		if l.deadline.After(l.holdEnd) {
@@ -267,7 +267,7 @@ func (l *Lease) end(err error, lostCause string) bool {
 		l.cancel(err)
 	}
 	l.mu.Unlock()
-	if l.c.ext.remove(l) && l.role != roleWriter {
+	if l.c.ext.remove(l) && l.role != roleWaiter {
 		l.c.tel.endLease(l, l.c.clock.Now().Sub(l.acquired), lostCause, err)
 	}
 	return true

@@ -276,6 +276,8 @@ const (
 	flawNoWriterRegistration      // an RWMutex's waiting writer does not register, so readers can starve it
 	flawSharedOverLimit           // a shared acquire allows one hold more than the limit
 	flawReapLive                  // a waiter clears shared holds and registrations without waiting out their TTL
+	flawUnfair                    // exclusive waiters do not queue in the document: every poll races (dlock before fair queueing)
+	flawQueueJump                 // exclusive waiters register in the queue, but every attempt ignores it
 )
 
 // withFlaw makes the Client's logic deliberately unsound; tests only.

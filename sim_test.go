@@ -28,8 +28,10 @@ import (
 // crashes without release, contexts that end mid-call, Close at a random
 // moment, and Prune calls (after an Unlock, at random times, and by a
 // janitor Client with a fault-free link) that delete the key's document. A checker watches every acquisition and every
-// check-then-write, and the run ends with a liveness probe; synctest itself
-// fails a run that leaves a goroutine behind.
+// check-then-write, and every write the store applies, for a new holder
+// that overtook a waiter registered in the key's queue; the run ends with
+// a liveness probe; synctest itself fails a run that leaves a goroutine
+// behind.
 
 const (
 	simClientTTL = 10 * time.Second
@@ -154,10 +156,10 @@ func (l *simLink) acquire(ctx context.Context, a attempt, takeover stamp) (recor
 	})
 }
 
-func (l *simLink) handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration, data []byte) (record, error) {
+func (l *simLink) handoff(ctx context.Context, ref leaseRef, next attempt) (record, error) {
 	sent := time.Now()
 	return send(l, ctx, func(ctx context.Context) (record, error) {
-		r, err := l.st.handoff(ctx, ref, hold, ttl, data)
+		r, err := l.st.handoff(ctx, ref, next)
 		if err == nil {
 			l.k.wrote(r.Token, sent)
 		}
@@ -425,6 +427,68 @@ type simChecker struct {
 	acquired  int
 	writes    int
 	pruned    int
+	queued    int // new exclusive holds made while another waiter was registered (queueOrder)
+
+	// queue is, per key, each registered waiter (by hold key) and the set
+	// of waiters registered before it that are still registered: see
+	// queueOrder. Guarded by the store's mu (the store's observe hook
+	// alone touches it), not by mu.
+	queue map[string]map[string]map[string]bool
+}
+
+// queueOrder checks one write to key, from the store's observe hook (with
+// the store's mu held), for overtaking: once a waiter W is registered,
+// until its entry leaves the record, every new exclusive hold (a write
+// that gives the record a new (Owner, Hold)) must be W's own or that of a
+// waiter registered before W and registered ever since (the store lets an
+// unregistered attempt take the key only when nobody is registered, and a
+// registered one only when everyone registered before it has gone). A
+// waiter whose entry is written again with a new queue number (its
+// registration was lost, and it registered again) counts as registered
+// anew, behind everyone there.
+func (k *simChecker) queueOrder(key string, before, after record) {
+	q := k.queue[key]
+	if q == nil {
+		q = map[string]map[string]bool{}
+		k.queue[key] = q
+	}
+	if after.Owner != "" && (after.Owner != before.Owner || after.Hold != before.Hold) {
+		holder := holdKey(after.Owner, after.Hold)
+		k.mu.Lock()
+		checked := false
+		for w, ahead := range q {
+			e, still := after.Waiters[w]
+			if !still || w == holder {
+				continue
+			}
+			checked = true
+			if !ahead[holder] {
+				k.fail("%s (hold %d, token %d) overtook waiter %s (hold %d, queue number %d) on %q, which had %d still registered ahead of it",
+					after.Owner, after.Hold, after.Token, e.Owner, e.Hold, e.Q, key, len(ahead))
+			}
+		}
+		if checked {
+			k.queued++
+		}
+		k.mu.Unlock()
+	}
+	for w := range q { // those that left, or registered again
+		if e, ok := after.Waiters[w]; !ok || e.Q != before.Waiters[w].Q {
+			delete(q, w)
+			for _, ahead := range q {
+				delete(ahead, w)
+			}
+		}
+	}
+	for w := range after.Waiters { // those that registered: behind everyone there
+		if _, known := q[w]; !known {
+			ahead := map[string]bool{}
+			for o := range q {
+				ahead[o] = true
+			}
+			q[w] = ahead
+		}
+	}
 }
 
 type simHold struct {
@@ -548,6 +612,7 @@ func (k *simChecker) acquire(client int, l *Lease, called time.Time) {
 // simStats is what a run did.
 type simStats struct {
 	holds, writes, pruned int
+	queued                int // new exclusive holds made while another waiter was registered
 	simulated             time.Duration
 }
 
@@ -556,8 +621,9 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 		fmt.Printf("=== sim run (mode %d)\n", plan.mode)
 	}
 	synctest.Test(t, func(t *testing.T) {
-		k := &simChecker{mode: plan.mode, releasing: map[Token]time.Time{}, lastWrite: map[Token]time.Time{}}
+		k := &simChecker{mode: plan.mode, releasing: map[Token]time.Time{}, lastWrite: map[Token]time.Time{}, queue: map[string]map[string]map[string]bool{}}
 		st := newMemStore()
+		st.observe = k.queueOrder
 		start := time.Now()
 		var stepMu sync.Mutex
 		var step time.Duration
@@ -764,15 +830,16 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 		defer cancel()
 		called := time.Now()
 		if l, err := newSimLocker(probe, plan.mode).lock(ctx, simOp{}); err != nil {
+			r := holder(st, "k") // before k.mu: the store's observe hook takes k.mu with the store's mu held
 			k.mu.Lock()
-			k.fail("the key was not free within %v of everyone leaving: %v (record %+v)", bound, err, holder(st, "k"))
+			k.fail("the key was not free within %v of everyone leaving: %v (record %+v)", bound, err, r)
 			k.mu.Unlock()
 		} else {
 			k.acquire(-1, l, called)
 		}
 		k.mu.Lock()
 		failure = k.failure
-		stats = simStats{k.acquired, k.writes, k.pruned, time.Since(start)}
+		stats = simStats{k.acquired, k.writes, k.pruned, k.queued, time.Since(start)}
 		k.mu.Unlock()
 	})
 	return failure, stats
@@ -847,17 +914,18 @@ func (s simSemLocker) unlock(ctx context.Context, _ simOp, l *Lease) error { ret
 // fault above, with clocks within MaxClockDrift. More runs:
 // go test -run TestSimulation -rapid.checks=2000 .
 func TestSimulation(t *testing.T) {
-	start, runs, holds, writes, pruned := time.Now(), 0, 0, 0, 0
+	start, runs, holds, writes, pruned, queued := time.Now(), 0, 0, 0, 0, 0
 	var simulated time.Duration
 	rapid.Check(t, func(rt *rapid.T) {
 		runs++
 		failure, stats := runSim(t, drawSimPlan(rt, MaxClockDrift, simAny), noFlaw, nil)
-		holds, writes, pruned, simulated = holds+stats.holds, writes+stats.writes, pruned+stats.pruned, simulated+stats.simulated
+		holds, writes, pruned, queued, simulated = holds+stats.holds, writes+stats.writes, pruned+stats.pruned, queued+stats.queued, simulated+stats.simulated
 		if failure != "" {
 			rt.Fatal(failure)
 		}
 	})
-	t.Logf("%d runs in %v: %d holds, %d checked writes, %d documents pruned, %v simulated", runs, time.Since(start).Round(time.Millisecond), holds, writes, pruned, simulated.Round(time.Second))
+	t.Logf("%d runs in %v: %d holds (%d taken with waiters registered), %d checked writes, %d documents pruned, %v simulated",
+		runs, time.Since(start).Round(time.Millisecond), holds, queued, writes, pruned, simulated.Round(time.Second))
 }
 
 // The simulation catches flawed variants of the real code, and clocks
@@ -895,6 +963,7 @@ func TestSimulationCatchesFlaws(t *testing.T) {
 		{"shared holds cleared without waiting out their TTL (RWMutex)", flawReapLive, nil, MaxClockDrift, simRW, 3000},
 		{"permits cleared without waiting out their TTL (Semaphore)", flawReapLive, nil, MaxClockDrift, simSem, 3000},
 		{"shared deadline counted from the reply (RWMutex)", flawDeadlineFromReply, nil, MaxClockDrift, simRW, 3000},
+		{"waiters jump the queue", flawQueueJump, nil, MaxClockDrift, simMutex, 100},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			runs, found := 0, ""

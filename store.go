@@ -24,7 +24,8 @@ type record struct {
 
 	Kind    string           // "" (Mutex), kindRW, kindElection or "sem/N"
 	Shared  map[string]entry // shared holds by hold key (see holdKey)
-	Writers map[string]entry // registered writers by hold key (RWMutex)
+	Waiters map[string]entry // registered waiters for the exclusive hold, by hold key
+	Queue   int64            // the greatest queue number handed to a waiter (0: none yet)
 }
 
 // An entry is a shared hold or a registration in a record, watched for
@@ -36,6 +37,7 @@ type entry struct {
 	TTL   time.Duration
 	Data  []byte
 	Epoch int64
+	Q     int64 // a waiter's queue number: waiters take the key in its order
 }
 
 // free reports whether nobody holds the key, exclusively or shared.
@@ -48,25 +50,55 @@ func (r record) holds(ref leaseRef) bool {
 		return r.Owner == ref.owner && r.Token == ref.token
 	}
 	e, ok := r.entries(ref.role)[holdKey(ref.owner, ref.hold)]
-	return ok && (ref.role == roleWriter || e.Token == ref.token)
+	return ok && (ref.role == roleWaiter || e.Token == ref.token)
+}
+
+// queueOpen reports whether the registered waiters let attempt a take the
+// key when it is free (see attempt and queueGate).
+func (r record) queueOpen(a attempt) bool {
+	switch {
+	case a.barge:
+		return true
+	case !a.registered:
+		return len(r.Waiters) == 0
+	}
+	if e, ok := r.Waiters[a.holdKey()]; !ok || e.Hold != a.hold {
+		return false
+	}
+	for _, hk := range a.ahead {
+		if _, ok := r.Waiters[hk]; ok {
+			return false
+		}
+	}
+	return true
+}
+
+// ahead returns the hold keys of the waiters registered in r before the
+// one with queue number q.
+func (r record) ahead(q int64) []string {
+	var hks []string
+	for hk, e := range r.Waiters {
+		if e.Q < q {
+			hks = append(hks, hk)
+		}
+	}
+	return hks
 }
 
 // entries returns the sub-document of entries of role.
 func (r record) entries(ro role) map[string]entry {
-	if ro == roleWriter {
-		return r.Writers
+	if ro == roleWaiter {
+		return r.Waiters
 	}
 	return r.Shared
 }
 
-// maxTTL is the longest TTL of any hold or registration in r: a record
-// whose revision stood still that long has no live hold left.
+// maxTTL is the longest TTL of any hold in r: a record whose revision
+// stood still that long has no live hold left. Registrations are not
+// holds (they leave the revision alone), so theirs do not count.
 func (r record) maxTTL() time.Duration {
 	d := r.TTL
 	for _, e := range r.Shared {
-		d = max(d, e.TTL)
-	}
-	for _, e := range r.Writers {
 		d = max(d, e.TTL)
 	}
 	return d
@@ -90,7 +122,7 @@ func holdKey(owner string, hold int64) string {
 
 // staleEntry names an entry by its epoch (and token), for reap.
 type staleEntry struct {
-	role  role // roleShared or roleWriter
+	role  role // roleShared or roleWaiter
 	key   string
 	epoch int64
 	token Token
@@ -131,7 +163,7 @@ type role uint8
 const (
 	roleExclusive role = iota // the top-level hold
 	roleShared                // an entry in Shared
-	roleWriter                // an entry in Writers: a registration, not a hold
+	roleWaiter                // an entry in Waiters: a registration, not a hold
 )
 
 // An attempt is one Lock call's claim on a key: every acquire it sends
@@ -152,9 +184,18 @@ type attempt struct {
 	limit  int   // shared holds allowed at once
 	token  Token // the key's token counter as last seen: a shared acquire is a compare-and-set on it
 
-	// An exclusive hold of an RWMutex: the writer's registration, if it
-	// made one, ends with the acquire.
+	// An exclusive hold of a registered waiter: the registration ends
+	// with the acquire, which may take the key only once the waiters
+	// registered before it (ahead, by hold key) have left the queue.
+	// Unregistered, an exclusive acquire takes a free key only when no
+	// waiter is registered (with barge, flawUnfair, regardless).
 	registered bool
+	ahead      []string
+	barge      bool
+
+	// A registration takes queue number queue+1: a compare-and-set on the
+	// record's queue counter, as last seen.
+	queue int64
 }
 
 func (a attempt) holdKey() string { return holdKey(a.owner, a.hold) }
@@ -171,18 +212,20 @@ var (
 // one record.
 type store interface {
 	// acquire makes a.owner the holder of a.key with a new token and hold
-	// id a.hold if the record is absent, free, already held by this very
-	// attempt (same owner and hold), or still in state takeover (the zero
-	// stamp for none). A shared attempt (a.shared) instead adds a shared
+	// id a.hold if the record is absent, already held by this very attempt
+	// (same owner and hold), or, when no waiter ahead of a is registered
+	// (see attempt), free or still in state takeover (the zero stamp for
+	// none). A shared attempt (a.shared) instead adds a shared
 	// hold, with token a.token+1, if the record is absent, or of a's kind
 	// with its counter still at a.token and room for it (record.sharable).
 	// It returns the record written, or errHeld; errHeld also when the
 	// record is of another kind.
 	acquire(ctx context.Context, a attempt, takeover stamp) (record, error)
 	// handoff passes an exclusive hold to a new hold of the same owner
-	// with a new token, the hold id hold, ttl and data; errNotOwner when
-	// ref no longer holds the key.
-	handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration, data []byte) (record, error)
+	// with a new token and next's hold id, ttl and data, if no waiter is
+	// registered (the queue gate of next, an unregistered attempt);
+	// errNotOwner when ref no longer holds the key or a waiter is.
+	handoff(ctx context.Context, ref leaseRef, next attempt) (record, error)
 	// extend refreshes every hold in refs in one write command (or a few,
 	// on servers that handle big commands badly: see ferretBatch), and
 	// reports for each whether it is still held. When some are not, it spends a second round
@@ -217,9 +260,12 @@ type store interface {
 	// in one write command (or a few, as extend), and returns how many it
 	// deleted.
 	remove(ctx context.Context, recs []idleRecord) (int, error)
-	// register records attempt a (an RWMutex writer) as waiting for its
-	// key, so that no new shared hold is taken until it has acquired or
-	// its registration has ended; it returns the record written.
+	// register records attempt a as waiting for the exclusive hold of its
+	// key, with queue number a.queue+1, if the record exists, is of a's
+	// kind and its queue counter is still a.queue; it returns the record
+	// written, or errHeld. While registered, a waiter is owed the key
+	// before every waiter registered after it, and no new shared hold is
+	// taken.
 	register(ctx context.Context, a attempt) (record, error)
 	// reap removes, in one write, entries whose epochs show their owners
 	// stopped extending them; all or nothing: false when any has changed.

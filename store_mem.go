@@ -28,6 +28,12 @@ type memStore struct {
 	mu       sync.Mutex
 	records  map[string]record // guarded by mu
 	floorTok Token             // guarded by mu: the floor (see doc.go)
+
+	// observe, when set, is told of every write, with mu held: before is
+	// key's record as it was (the zero record if it had none), after as
+	// written; it must not change them. Tests set it before the store is
+	// used, to check each step.
+	observe func(key string, before, after record)
 }
 
 func newMemStore() *memStore {
@@ -46,7 +52,11 @@ func (s *memStore) begin(ctx context.Context) error {
 func (s *memStore) write(key string, r record) record {
 	r.Rev++
 	r.At = s.now()
+	before := s.records[key]
 	s.records[key] = r
+	if s.observe != nil {
+		s.observe(key, before, r)
+	}
 	return r.clone()
 }
 
@@ -58,7 +68,7 @@ func (s *memStore) get(key string) (record, bool) {
 
 func (r record) clone() record {
 	r.Shared = maps.Clone(r.Shared)
-	r.Writers = maps.Clone(r.Writers)
+	r.Waiters = maps.Clone(r.Waiters)
 	return r
 }
 
@@ -77,7 +87,7 @@ func (s *memStore) acquire(ctx context.Context, a attempt, takeover stamp) (reco
 	}
 	if a.shared {
 		hk := a.holdKey()
-		if exists && (r.Owner != "" || len(r.Shared) >= a.limit || len(r.Writers) > 0 || r.Token != a.token || r.Raw && len(r.Shared) > 0) {
+		if exists && (r.Owner != "" || len(r.Shared) >= a.limit || len(r.Waiters) > 0 || r.Token != a.token || r.Raw && len(r.Shared) > 0) {
 			return record{}, errHeld
 		}
 		r.Token = a.token + 1
@@ -89,7 +99,7 @@ func (s *memStore) acquire(ctx context.Context, a attempt, takeover stamp) (reco
 	}
 	ours := r.Owner == a.owner && r.Hold == a.hold
 	took := r.at(takeover)
-	if exists && !r.free() && !ours && !took {
+	if exists && !ours && !((r.free() || took) && r.queueOpen(a)) {
 		return record{}, errHeld
 	}
 	if !exists {
@@ -99,10 +109,7 @@ func (s *memStore) acquire(ctx context.Context, a attempt, takeover stamp) (reco
 	r.Token++
 	r.Shared = nil // none, or stale ones cleared by a takeover
 	if a.registered {
-		delete(r.Writers, a.holdKey())
-	}
-	if took {
-		r.Writers = nil
+		delete(r.Waiters, a.holdKey())
 	}
 	return s.write(a.key, r), nil
 }
@@ -114,13 +121,14 @@ func (s *memStore) register(ctx context.Context, a attempt) (record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, exists := s.get(a.key)
-	if !exists || r.Kind != a.kind {
-		return record{}, errNotOwner
+	if !exists || r.Kind != a.kind || r.Queue != a.queue {
+		return record{}, errHeld
 	}
-	if r.Writers == nil {
-		r.Writers = map[string]entry{}
+	if r.Waiters == nil {
+		r.Waiters = map[string]entry{}
 	}
-	r.Writers[a.holdKey()] = entry{Owner: a.owner, Hold: a.hold, TTL: a.ttl, Epoch: rand.Int64N(1 << 62)}
+	r.Queue++
+	r.Waiters[a.holdKey()] = entry{Owner: a.owner, Hold: a.hold, TTL: a.ttl, Epoch: rand.Int64N(1 << 62), Q: r.Queue}
 	r.Rev-- // a registration is not a hold: it leaves the revision alone
 	return s.write(a.key, r), nil
 }
@@ -139,7 +147,7 @@ func (s *memStore) reap(ctx context.Context, key string, at stamp, stale []stale
 		if !r.at(at) {
 			return false, nil
 		}
-		r.Owner, r.Data, r.Shared, r.Writers = "", nil, nil, nil
+		r.Owner, r.Data, r.Shared = "", nil, nil // waiters keep their places
 		s.write(key, r)
 		return true, nil
 	}
@@ -200,7 +208,7 @@ func (s *memStore) idle(ctx context.Context, cutoff time.Time, limit int) ([]idl
 		if len(recs) == limit {
 			break
 		}
-		if r.free() && len(r.Writers) == 0 && !r.At.After(cutoff) {
+		if r.free() && len(r.Waiters) == 0 && !r.At.After(cutoff) {
 			recs = append(recs, idleRecord{key: key, token: r.Token, rev: r.Rev})
 		}
 	}
@@ -225,7 +233,7 @@ func (s *memStore) remove(ctx context.Context, recs []idleRecord) (int, error) {
 	defer s.mu.Unlock()
 	n := 0
 	for _, d := range recs {
-		if r, ok := s.records[d.key]; ok && r.free() && len(r.Writers) == 0 && r.Rev == d.rev {
+		if r, ok := s.records[d.key]; ok && r.free() && len(r.Waiters) == 0 && r.Rev == d.rev {
 			delete(s.records, d.key)
 			n++
 		}
@@ -239,17 +247,17 @@ func (s *memStore) holds(ref leaseRef) (record, bool) {
 	return r, ok && r.holds(ref)
 }
 
-func (s *memStore) handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration, data []byte) (record, error) {
+func (s *memStore) handoff(ctx context.Context, ref leaseRef, next attempt) (record, error) {
 	if err := s.begin(ctx); err != nil {
 		return record{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, ok := s.holds(ref)
-	if !ok || ref.role != roleExclusive {
+	if !ok || ref.role != roleExclusive || !r.queueOpen(next) {
 		return record{}, errNotOwner
 	}
-	r.Hold, r.TTL, r.Data = hold, ttl, data
+	r.Hold, r.TTL, r.Data = next.hold, next.ttl, next.data
 	r.Token++
 	return s.write(ref.key, r), nil
 }
@@ -269,7 +277,7 @@ func (s *memStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error) 
 				e.Epoch++
 				r.entries(ref.role)[hk] = e
 			}
-			if ref.role == roleWriter {
+			if ref.role == roleWaiter {
 				r.Rev-- // a registration is not a hold: it leaves the revision alone
 			}
 			s.write(ref.key, r)
@@ -298,6 +306,9 @@ func (s *memStore) free(ref leaseRef) error {
 		r.Owner, r.Data = "", nil
 	} else {
 		delete(r.entries(ref.role), holdKey(ref.owner, ref.hold))
+	}
+	if ref.role == roleWaiter {
+		r.Rev-- // a registration is not a hold: its end leaves the revision alone
 	}
 	s.write(ref.key, r)
 	return nil
@@ -396,11 +407,11 @@ func (l *memLink) acquire(ctx context.Context, a attempt, takeover stamp) (recor
 	return l.memStore.acquire(ctx, a, takeover)
 }
 
-func (l *memLink) handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration, data []byte) (record, error) {
+func (l *memLink) handoff(ctx context.Context, ref leaseRef, next attempt) (record, error) {
 	if err := l.check(ctx); err != nil {
 		return record{}, err
 	}
-	return l.memStore.handoff(ctx, ref, hold, ttl, data)
+	return l.memStore.handoff(ctx, ref, next)
 }
 
 func (l *memLink) register(ctx context.Context, a attempt) (record, error) {

@@ -29,9 +29,10 @@ const (
 	fRaw   = "raw"
 	fData  = "data"
 	fKind  = "kind"
-	fN     = "n" // entries in h
-	fH     = "h" // shared holds by hold key
-	fW     = "w" // registered writers by hold key
+	fN     = "n"  // entries in h
+	fH     = "h"  // shared holds by hold key
+	fW     = "w"  // registered waiters by hold key
+	fQueue = "wq" // the greatest queue number handed out
 	fFloor = "floor"
 )
 
@@ -43,6 +44,7 @@ const (
 	eTTL   = "ttl"
 	eData  = "d"
 	eEpoch = "e"
+	eQ     = "q" // a waiter's queue number
 )
 
 // floorID is the _id of the floor document: a number, which no key (a
@@ -61,8 +63,9 @@ type lockDoc struct {
 	Data  []byte    `bson:"data"`
 	Kind  string    `bson:"kind"`
 
-	H map[string]entryDoc `bson:"h"`
-	W map[string]entryDoc `bson:"w"`
+	H     map[string]entryDoc `bson:"h"`
+	W     map[string]entryDoc `bson:"w"`
+	Queue int64               `bson:"wq"`
 }
 
 // entryDoc is the stored form of an entry.
@@ -73,11 +76,12 @@ type entryDoc struct {
 	TTL   int64  `bson:"ttl"`
 	Data  []byte `bson:"d,omitempty"`
 	Epoch int64  `bson:"e"`
+	Q     int64  `bson:"q,omitempty"`
 }
 
 func (d lockDoc) record() record {
 	return record{Owner: d.Owner, Token: Token(d.Token), Rev: d.Rev, TTL: time.Duration(d.TTL) * time.Millisecond, At: d.At, Hold: d.Hold, Raw: d.Raw,
-		Data: d.Data, Kind: d.Kind, Shared: entries(d.H), Writers: entries(d.W)}
+		Data: d.Data, Kind: d.Kind, Shared: entries(d.H), Waiters: entries(d.W), Queue: d.Queue}
 }
 
 func entries(docs map[string]entryDoc) map[string]entry {
@@ -86,7 +90,7 @@ func entries(docs map[string]entryDoc) map[string]entry {
 	}
 	m := make(map[string]entry, len(docs))
 	for k, e := range docs {
-		m[k] = entry{Owner: e.Owner, Hold: e.Hold, Token: Token(e.Token), TTL: time.Duration(e.TTL) * time.Millisecond, Data: e.Data, Epoch: e.Epoch}
+		m[k] = entry{Owner: e.Owner, Hold: e.Hold, Token: Token(e.Token), TTL: time.Duration(e.TTL) * time.Millisecond, Data: e.Data, Epoch: e.Epoch, Q: e.Q}
 	}
 	return m
 }
@@ -101,7 +105,7 @@ func path(sub, hk string, field ...string) string {
 }
 
 func sub(ro role) string {
-	if ro == roleWriter {
+	if ro == roleWaiter {
 		return fW
 	}
 	return fH
@@ -184,7 +188,7 @@ func held(ref leaseRef) bson.D {
 	switch ref.role {
 	case roleShared:
 		return bson.D{{Key: "_id", Value: ref.key}, {Key: path(fH, holdKey(ref.owner, ref.hold), eToken), Value: int64(ref.token)}}
-	case roleWriter:
+	case roleWaiter:
 		return bson.D{{Key: "_id", Value: ref.key}, {Key: path(fW, holdKey(ref.owner, ref.hold)), Value: bson.D{{Key: "$exists", Value: true}}}}
 	}
 	return bson.D{{Key: "_id", Value: ref.key}, {Key: fOwner, Value: ref.owner}, {Key: fToken, Value: int64(ref.token)}}
@@ -210,15 +214,14 @@ func ending(ref leaseRef) bson.D {
 	if ref.role == roleExclusive {
 		return free
 	}
-	inc := bson.D{{Key: fRev, Value: int64(1)}}
-	if ref.role == roleShared {
-		inc = append(inc, bson.E{Key: fN, Value: -1})
-	}
-	return bson.D{
+	update := bson.D{
 		{Key: "$unset", Value: bson.D{{Key: path(sub(ref.role), holdKey(ref.owner, ref.hold)), Value: ""}}},
-		{Key: "$inc", Value: inc},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}
+	if ref.role == roleShared { // a registration is not a hold: its end leaves the revision alone
+		update = append(update, bson.E{Key: "$inc", Value: bson.D{{Key: fRev, Value: int64(1)}, {Key: fN, Value: -1}}})
+	}
+	return update
 }
 
 func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover stamp) (record, error) {
@@ -226,13 +229,13 @@ func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover stamp) (re
 		return s.acquireShared(ctx, a)
 	}
 	ours := bson.D{{Key: fOwner, Value: a.owner}, {Key: fHold, Value: a.hold}}
-	free := bson.D{{Key: fOwner, Value: ""}}
+	free := append(bson.D{{Key: fOwner, Value: ""}}, queueGate(a)...)
 	if a.kind == kindRW {
 		free = append(free, bson.E{Key: fN, Value: notPositive})
 	}
 	or := bson.A{free, ours}
 	if takeover.rev != 0 {
-		or = append(or, bson.D{{Key: fRev, Value: takeover.rev}, {Key: fToken, Value: int64(takeover.token)}})
+		or = append(or, append(bson.D{{Key: fRev, Value: takeover.rev}, {Key: fToken, Value: int64(takeover.token)}}, queueGate(a)...))
 	}
 	filter := bson.D{{Key: "_id", Value: a.key}, kindFilter(a.kind), {Key: "$or", Value: or}}
 	update := append(newHold(a.owner, a.hold, a.ttl), bson.E{Key: "$setOnInsert", Value: bson.D{{Key: fRaw, Value: true}}})
@@ -244,9 +247,9 @@ func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover stamp) (re
 	}
 	if a.kind == kindRW { // an RWMutex's writer: no shared holds, or only stale ones (a takeover)
 		update[0].Value = append(update[0].Value.(bson.D), bson.E{Key: fH, Value: bson.D{}}, bson.E{Key: fN, Value: 0})
-		if a.registered {
-			unset = append(unset, bson.E{Key: path(fW, a.holdKey()), Value: ""})
-		}
+	}
+	if a.registered {
+		unset = append(unset, bson.E{Key: path(fW, a.holdKey()), Value: ""})
 	}
 	if unset != nil {
 		update = append(update, bson.E{Key: "$unset", Value: unset})
@@ -256,6 +259,24 @@ func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover stamp) (re
 
 // upsert sends an acquire: the record after it, or errHeld when the record
 // exists and the filter did not match it.
+// queueGate is the condition on the registered waiters under which
+// attempt a may take a free key (or take one over): none registered, or,
+// for a registered waiter, its registration still there and every waiter
+// registered before it gone. doc.go has why that is the head of the queue.
+func queueGate(a attempt) bson.D {
+	switch {
+	case a.barge:
+		return nil
+	case !a.registered:
+		return bson.D{{Key: fW, Value: emptyOrNone}}
+	}
+	gate := bson.D{{Key: path(fW, a.holdKey(), eHold), Value: a.hold}}
+	for _, hk := range a.ahead {
+		gate = append(gate, bson.E{Key: path(fW, hk), Value: bson.D{{Key: "$exists", Value: false}}})
+	}
+	return gate
+}
+
 func (s *mongoStore) upsert(ctx context.Context, key string, filter, update bson.D) (record, error) {
 	s.counted(ctx, 1)
 	var d lockDoc
@@ -309,12 +330,21 @@ func (s *mongoStore) acquireShared(ctx context.Context, a attempt) (record, erro
 }
 
 func (s *mongoStore) register(ctx context.Context, a attempt) (record, error) {
-	e := entryDoc{Owner: a.owner, Hold: a.hold, TTL: ttlMillis(a.ttl), Epoch: rand.Int64N(1 << 62)}
+	q := a.queue + 1
+	e := entryDoc{Owner: a.owner, Hold: a.hold, TTL: ttlMillis(a.ttl), Epoch: rand.Int64N(1 << 62), Q: q}
+	filter := bson.D{{Key: "_id", Value: a.key}, kindFilter(a.kind), {Key: fQueue, Value: a.queue}}
+	if a.queue == 0 {
+		filter[2].Value = notPositive // absent in a record no one has queued on
+	}
 	update := bson.D{ // a registration is not a hold: it leaves the revision alone
-		{Key: "$set", Value: bson.D{{Key: path(fW, a.holdKey()), Value: e}}},
+		{Key: "$set", Value: bson.D{{Key: fQueue, Value: q}, {Key: path(fW, a.holdKey()), Value: e}}},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}
-	return s.modify(ctx, bson.D{{Key: "_id", Value: a.key}, {Key: fKind, Value: a.kind}}, update, "register a writer for", a.key)
+	r, err := s.modify(ctx, filter, update, "register a waiter for", a.key)
+	if errors.Is(err, errNotOwner) {
+		err = errHeld
+	}
+	return r, err
 }
 
 func (s *mongoStore) reap(ctx context.Context, key string, at stamp, stale []staleEntry) (bool, error) {
@@ -323,7 +353,7 @@ func (s *mongoStore) reap(ctx context.Context, key string, at stamp, stale []sta
 	if at.rev != 0 {
 		filter = append(filter, bson.E{Key: fRev, Value: at.rev}, bson.E{Key: fToken, Value: int64(at.token)})
 		update = bson.D{
-			{Key: "$set", Value: bson.D{{Key: fOwner, Value: ""}, {Key: fH, Value: bson.D{}}, {Key: fN, Value: 0}, {Key: fW, Value: bson.D{}}}},
+			{Key: "$set", Value: bson.D{{Key: fOwner, Value: ""}, {Key: fH, Value: bson.D{}}, {Key: fN, Value: 0}}},
 			{Key: "$unset", Value: bson.D{{Key: fData, Value: ""}}},
 			{Key: "$inc", Value: bson.D{{Key: fRev, Value: int64(1)}}},
 			{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
@@ -368,19 +398,19 @@ func duplicateKey(err error) bool {
 	return errors.As(err, &se) && se.HasErrorCodeWithMessage(1, "duplicate key value violates unique constraint")
 }
 
-func (s *mongoStore) handoff(ctx context.Context, ref leaseRef, hold int64, ttl time.Duration, data []byte) (record, error) {
-	set := bson.D{{Key: fTTL, Value: ttlMillis(ttl)}, {Key: fHold, Value: hold}}
+func (s *mongoStore) handoff(ctx context.Context, ref leaseRef, next attempt) (record, error) {
+	set := bson.D{{Key: fTTL, Value: ttlMillis(next.ttl)}, {Key: fHold, Value: next.hold}}
 	update := bson.D{
 		{Key: "$set", Value: set},
 		{Key: "$inc", Value: bson.D{{Key: fToken, Value: int64(1)}, {Key: fRev, Value: int64(1)}}},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}
-	if data != nil {
-		update[0].Value = append(set, bson.E{Key: fData, Value: data})
+	if next.data != nil {
+		update[0].Value = append(set, bson.E{Key: fData, Value: next.data})
 	} else {
 		update = append(update, bson.E{Key: "$unset", Value: bson.D{{Key: fData, Value: ""}}})
 	}
-	return s.modify(ctx, held(ref), update, "hand off", ref.key)
+	return s.modify(ctx, append(held(ref), queueGate(next)...), update, "hand off", ref.key)
 }
 
 func (s *mongoStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error) {

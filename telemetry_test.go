@@ -224,20 +224,25 @@ func TestTelemetryHeldNamesEachHolder(t *testing.T) {
 		}
 		w, _ := memClient(t, st, append(rig.opts, WithBackoff(time.Millisecond, time.Millisecond))...)
 		ctx := context.Background()
-		held := holders[0].NewMutex("k")
-		require.NoError(t, held.Lock(ctx))
+		m := []*Mutex{holders[0].NewMutex("k"), holders[1].NewMutex("k"), holders[2].NewMutex("k")}
+		require.NoError(t, m[0].Lock(ctx))
+		// B and C queue behind A, then the traced waiter behind them: the
+		// key passes A, B, C, then to the waiter, which polls about every
+		// millisecond meanwhile (reading, behind others in the queue).
+		got := make(chan error, 2)
+		for _, next := range m[1:] {
+			go func() { got <- next.Lock(ctx) }()
+			synctest.Wait() // registered, and polling
+		}
 		done := make(chan error)
 		go func() { done <- w.NewMutex("k").Lock(ctx) }()
-		// Polls about every millisecond, traced reads at polls 2, 4, 8, 16,
-		// 32: A holds until 10 ms, B until 30 ms, C until 70 ms.
-		for i, next := range holders[1:] {
+		for i := range 2 {
 			time.Sleep(time.Duration(10+10*i) * time.Millisecond) // the waiter polls meanwhile
-			require.NoError(t, held.Unlock(ctx))
-			held = next.NewMutex("k")
-			require.NoError(t, held.Lock(ctx)) // before the waiter's next poll
+			require.NoError(t, m[i].Unlock(ctx))
+			require.NoError(t, <-got) // B, then C
 		}
 		time.Sleep(40 * time.Millisecond)
-		require.NoError(t, held.Unlock(ctx))
+		require.NoError(t, m[2].Unlock(ctx))
 		require.NoError(t, <-done)
 		locks := rig.ended("dlock.Lock")
 		require.Len(t, locks, 1)

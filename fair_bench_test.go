@@ -1,0 +1,201 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// BenchmarkFairness measures how fairly separate Clients (as separate
+// processes would be) share one key: issue 15. Each Client loops Lock, a
+// hold (a sleep stands for the work), Unlock, on the key "k", for a fixed
+// wall time. A row is not driven by b.N: it runs its scenario once per
+// call, whatever b.N is, so its ns/op is the row's wall time and the
+// intended use is -benchtime 1x:
+//
+//	go test -run '^$' -bench Fairness -benchtime 1x -v
+//
+// The environment variable DLOCK_FAIR_SCALE (a positive number, default 1)
+// multiplies every row's duration, not its hold: 0.1 makes a smoke run.
+//
+// Each row runs twice: variant=before, the Client built with
+// withFlaw(flawUnfair), dlock before fair queueing, where every poll races;
+// and variant=after, as shipped. Besides the metrics (see runFairness),
+// each row logs one line of a markdown table for the README; the header is
+// logged first.
+func BenchmarkFairness(b *testing.B) {
+	scale := 1.0
+	if s := os.Getenv("DLOCK_FAIR_SCALE"); s != "" {
+		var err error
+		if scale, err = strconv.ParseFloat(s, 64); err != nil || !(scale > 0) {
+			b.Fatalf("DLOCK_FAIR_SCALE=%q: want a positive number", s)
+		}
+	}
+	b.Logf("| clients, hold | variant | acq/s | same %% | per client min–max | wait p50 / p99 / max | cmds/acq |")
+	b.Logf("|---|---|--:|--:|--:|--:|--:|")
+	for _, r := range []fairRow{
+		{clients: 2, hold: time.Millisecond, dur: 10 * time.Second},
+		{clients: 8, hold: time.Millisecond, dur: 10 * time.Second},
+		{clients: 8, hold: 20 * time.Millisecond, dur: 10 * time.Second},
+		{clients: 2, hold: 300 * time.Millisecond, dur: 10 * time.Second},
+		{clients: 2, hold: 3 * time.Second, ttl: 2 * time.Second, dur: 12 * time.Second},
+	} {
+		r.dur = time.Duration(float64(r.dur) * scale)
+		for _, variant := range []string{"before", "after"} {
+			var opts []Option
+			if r.ttl != 0 {
+				opts = append(opts, WithTTL(r.ttl))
+			}
+			if variant == "before" {
+				opts = append(opts, withFlaw(flawUnfair))
+			}
+			b.Run(r.name()+"/variant="+variant, func(b *testing.B) {
+				runFairness(b, r, variant, opts...)
+			})
+		}
+	}
+}
+
+// A fairRow is one row of BenchmarkFairness.
+type fairRow struct {
+	clients int           // separate Clients contending for the key
+	hold    time.Duration // how long each acquisition holds the key
+	ttl     time.Duration // WithTTL, when not 0
+	dur     time.Duration // the row's wall time, scaled by DLOCK_FAIR_SCALE
+}
+
+// name returns the row's part of the sub-benchmark's name.
+func (r fairRow) name() string {
+	s := fmt.Sprintf("clients=%d/hold=%v", r.clients, r.hold)
+	if r.ttl != 0 {
+		s += fmt.Sprintf("/ttl=%v", r.ttl)
+	}
+	return s
+}
+
+// label returns the row's first cell in the markdown table.
+func (r fairRow) label() string {
+	s := fmt.Sprintf("%d, %v", r.clients, r.hold)
+	if r.ttl != 0 {
+		s += fmt.Sprintf(" (ttl %v)", r.ttl)
+	}
+	return s
+}
+
+// A fairAcq is one acquisition: the index of the Client that made it, and
+// how long its Lock call took, from the call to its return.
+type fairAcq struct {
+	client int
+	waited time.Duration
+}
+
+// runFairness runs one row: r.clients Clients, built with opts on one
+// collection, each in a goroutine of its own, take turns at the key until
+// r.dur has passed. Then a Lock still waiting is cancelled (not an error,
+// not counted) and a hold in progress ends early; it returns once every
+// goroutine has unlocked and returned. It reports acquisitions per second
+// and the commands each cost; the acquisitions of the least and the most
+// served Client (acq-min, acq-max), and as a multiple of the mean
+// (share-min-x, share-max-x); how often the key went to the Client that
+// had it last (same-pct: of the acquisitions after the first, the percent
+// made by the previous acquisition's Client); and how long Lock waited.
+func runFairness(b *testing.B, r fairRow, variant string, opts ...Option) {
+	coll := newColl(b)
+	clients := make([]*Client, r.clients)
+	for i := range clients {
+		clients[i] = newClient(b, coll, opts...)
+	}
+	var (
+		mu   sync.Mutex
+		acqs []fairAcq // guarded by mu; appended while the key is held, so in the order Lock returned
+	)
+	mark := commands.total.Load()
+	b.ResetTimer()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), r.dur)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		wg.Go(func() {
+			m := c.NewMutex("k")
+			for ctx.Err() == nil {
+				called := time.Now()
+				if err := m.Lock(ctx); err != nil {
+					if ctx.Err() == nil || !errors.Is(err, ctx.Err()) {
+						b.Error(err)
+					}
+					return
+				}
+				waited := time.Since(called)
+				mu.Lock()
+				acqs = append(acqs, fairAcq{client: i, waited: waited})
+				mu.Unlock()
+				select {
+				case <-time.After(r.hold):
+				case <-ctx.Done(): // the row's time is up: end the hold now
+				}
+				if err := m.Unlock(context.WithoutCancel(ctx)); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	b.StopTimer()
+	cmds := commands.since(mark)
+
+	n := len(acqs)
+	if n == 0 {
+		b.Fatal("no acquisitions")
+	}
+	counts := make([]int, r.clients)
+	waits := make([]time.Duration, n)
+	same := 0
+	for j, a := range acqs {
+		counts[a.client]++
+		waits[j] = a.waited
+		if j > 0 && a.client == acqs[j-1].client {
+			same++
+		}
+	}
+	samePct := 0.0
+	if n > 1 {
+		samePct = 100 * float64(same) / float64(n-1)
+	}
+	slices.Sort(waits)
+	mean := float64(n) / float64(r.clients)
+	lo, hi := slices.Min(counts), slices.Max(counts)
+	p50, p99, longest := fairMs(fairPercentile(waits, 50)), fairMs(fairPercentile(waits, 99)), fairMs(waits[n-1])
+	acqPerSec, cmdsPerAcq := float64(n)/wall.Seconds(), float64(cmds)/float64(n)
+	for _, m := range []struct {
+		v    float64
+		unit string
+	}{
+		{acqPerSec, "acq/s"}, {cmdsPerAcq, "cmds/acq"},
+		{float64(lo), "acq-min"}, {float64(hi), "acq-max"},
+		{float64(lo) / mean, "share-min-x"}, {float64(hi) / mean, "share-max-x"},
+		{samePct, "same-pct"},
+		{p50, "wait-p50-ms"}, {p99, "wait-p99-ms"}, {longest, "wait-max-ms"},
+	} {
+		b.ReportMetric(m.v, m.unit)
+	}
+	b.Logf("| %s | %s | %.1f | %.0f %% | %d–%d | %.1f / %.1f / %.1f ms | %.2f |",
+		r.label(), variant, acqPerSec, samePct, lo, hi, p50, p99, longest, cmdsPerAcq)
+}
+
+// fairPercentile returns the q-th percentile of sorted, by nearest rank as
+// reportQuantile takes it.
+func fairPercentile(sorted []time.Duration, q int) time.Duration {
+	return sorted[min(len(sorted)*q/100, len(sorted)-1)]
+}
+
+// fairMs returns d in milliseconds, to the microsecond.
+func fairMs(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
