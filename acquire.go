@@ -29,9 +29,44 @@ type claim struct {
 // key's queue counter as last seen (a registration is a compare-and-set on
 // it, so a good guess saves a read).
 type pacing struct {
-	mu    sync.Mutex
-	last  pace  // guarded by mu
-	queue int64 // guarded by mu
+	mu     sync.Mutex
+	last   pace          // guarded by mu
+	queue  int64         // guarded by mu
+	sample sample        // guarded by mu: the token counter last seen
+	every  time.Duration // guarded by mu: how often the key changes hands, estimated
+}
+
+// sawToken records the key's token counter t, seen at now, and updates
+// the estimate of how often the key changes hands (a moving average).
+// Tokens also count shared holds and raises: the estimate only paces
+// polls.
+func (p *pacing) sawToken(t Token, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.sample.at.IsZero() && t > p.sample.token && now.After(p.sample.at) {
+		d := now.Sub(p.sample.at) / time.Duration(t-p.sample.token)
+		if p.every == 0 {
+			p.every = d
+		} else {
+			p.every = (3*p.every + d) / 4
+		}
+	}
+	if t != p.sample.token || p.sample.at.IsZero() {
+		p.sample = sample{now, t}
+	}
+}
+
+// period is the estimate of how often the key changes hands, 0 if none.
+func (p *pacing) period() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.every
+}
+
+// A sample is a key's token counter as seen at a time on the Client's clock.
+type sample struct {
+	at    time.Time
+	token Token
 }
 
 // contended reports whether the primitive's last wait ended less than a
@@ -171,13 +206,16 @@ func (c *Client) grant(cl claim, a attempt, t Token, ro role, sent time.Time) (*
 // waitPoll waits for the next poll of a held key: the poller's next
 // interval, or less when the watch of the record (w) or of an entry (ew)
 // is due sooner. It returns ctx's error or ErrClosed when those come first.
-func (c *Client) waitPoll(ctx context.Context, cl claim, polls **poller, w *watch, ew *entryWatch) error {
+func (c *Client) waitPoll(ctx context.Context, cl claim, polls **poller, w *watch, ew *entryWatch, limit time.Duration) error {
 	now := c.clock.Now()
 	if *polls == nil {
 		p := cl.pace.start(now, cl.cfg)
 		*polls = &p
 	}
 	d := (*polls).next()
+	if limit > 0 {
+		d = min(d, max(limit, cl.cfg.minBackoff))
+	}
 	if w.rev != 0 {
 		d = min(d, max(w.wait(now), 0))
 	}
@@ -342,6 +380,7 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 					return nil, attempts, ErrClosed
 				}
 				if gerr == nil {
+					cl.pace.sawToken(r.Token, c.clock.Now())
 					if polls != nil || q.reg != nil {
 						cl.pace.ended(polls.lastOrZero(), c.clock.Now())
 					}
@@ -408,10 +447,17 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 			continue
 		}
 		due := &w // when the holder's revision may be taken over: the head's concern alone
+		limit := time.Duration(0)
+		if period := cl.pace.period(); period > 0 && q.registered() {
+			// The key changes hands about every period: the head polls at
+			// least that often, and a waiter behind k others reads again
+			// after about k periods (at least the minimum backoff).
+			limit = period * time.Duration(len(q.ahead)+1) / 2
+		}
 		if !q.head() {
 			due = &watch{}
 		}
-		if err := c.waitPoll(ctx, cl, &polls, due, &ew); err != nil {
+		if err := c.waitPoll(ctx, cl, &polls, due, &ew, limit); err != nil {
 			return giveUp(err)
 		}
 		joined = false
@@ -497,6 +543,7 @@ func (c *Client) view(cl claim, a attempt, r record, w *watch, ew *entryWatch, q
 	}
 	if r.Rev != 0 {
 		cl.pace.sawQueue(r.Queue)
+		cl.pace.sawToken(r.Token, c.clock.Now())
 	}
 	blocking := r
 	if q.reg != nil {
@@ -667,7 +714,7 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 		case try:
 			return giveUp(errLockedElsewhere)
 		}
-		if err := c.waitPoll(ctx, cl, &polls, &w, &ew); err != nil {
+		if err := c.waitPoll(ctx, cl, &polls, &w, &ew, 0); err != nil {
 			return giveUp(err)
 		}
 	}

@@ -1,0 +1,244 @@
+package dlock
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Tests of fair queueing across Clients (issue 15) on the in-memory store,
+// inside testing/synctest bubbles: the Clients share one clock, the
+// bubble's, so every wait is measured exactly and a minute of contention
+// costs no real time.
+
+// fairRun is what runFairQueue saw: each Client's acquisitions, and the
+// wait of every Lock, the ones the end of the run cancelled included.
+type fairRun struct {
+	counts  []int
+	waits   []time.Duration
+	longest time.Duration
+}
+
+// runFairQueue has n Clients, built with opts on one memStore, each loop
+// Lock, a hold of hold (the bubble's clock stands for the work), Unlock on
+// the key "k" for d. Then the Locks still waiting are cancelled; their
+// waits count too. Call it inside a bubble.
+func runFairQueue(t *testing.T, n int, hold, d time.Duration, opts ...Option) fairRun {
+	st := newMemStore()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var (
+		mu  sync.Mutex
+		run = fairRun{counts: make([]int, n)} // guarded by mu
+		wg  sync.WaitGroup
+	)
+	for i := range n {
+		c, _ := memClient(t, st, opts...)
+		m := c.NewMutex("k")
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				called := time.Now()
+				err := m.Lock(ctx)
+				waited := time.Since(called)
+				mu.Lock()
+				run.waits = append(run.waits, waited)
+				if err == nil {
+					run.counts[i]++
+				}
+				mu.Unlock()
+				if err != nil {
+					if !errors.Is(err, context.DeadlineExceeded) {
+						t.Errorf("client %d: Lock: %v", i, err)
+					}
+					return
+				}
+				time.Sleep(hold)
+				if err := m.Unlock(context.WithoutCancel(ctx)); err != nil {
+					t.Errorf("client %d: Unlock: %v", i, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	run.longest = slices.Max(run.waits)
+	return run
+}
+
+// TestFairQueueNoStarvation: Clients that take turns at a key as fast as
+// they can share it evenly, and none waits longer than the queue allows.
+//
+// The bound on a wait follows from the FIFO rule. A Client that unlocks
+// and locks again within a TTL of its last wait registers at once, behind
+// the n-1 others (registered already): it waits for n-1 holds, each taken
+// within a poll of the previous one's Unlock, then for its own poll. A
+// poll is at most DefaultMaxBackoff jittered by +50% (backoff.go), so
+//
+//	wait <= (n-1)*hold + n*(3/2*DefaultMaxBackoff) + slack.
+//
+// (The rough (n-1)*(hold+DefaultMaxBackoff) leaves out the jitter and the
+// waiter's own poll, and real runs exceed it.) Without queueing
+// (flawUnfair), the Client that unlocks takes the key again at once, before
+// anyone's poll, and the others starve: the same checks must fail.
+func TestFairQueueNoStarvation(t *testing.T) {
+	const (
+		n     = 4
+		hold  = 20 * time.Millisecond
+		run   = 60 * time.Second
+		slack = 10 * time.Millisecond
+	)
+	poll := DefaultMaxBackoff * 3 / 2
+	bound := (n-1)*hold + n*poll + slack
+	for _, tc := range []struct {
+		name     string
+		opts     []Option
+		wantFair bool
+	}{
+		{"fair", nil, true},
+		{"unfair (before issue 15)", []Option{withFlaw(flawUnfair)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := runFairQueue(t, n, hold, run, tc.opts...)
+				total := 0
+				for _, k := range r.counts {
+					total += k
+				}
+				mean := float64(total) / n
+				shared := true
+				for _, k := range r.counts {
+					if float64(k) < mean/2 || float64(k) > 2*mean {
+						shared = false
+					}
+				}
+				bounded := r.longest <= bound
+				t.Logf("acquisitions per Client %v (mean %.1f), longest wait %v (bound %v)", r.counts, mean, r.longest, bound)
+				assert.Equal(t, tc.wantFair, shared && bounded,
+					"fair: acquisitions within 0.5-2x the mean (%v), every wait within %v (%v)", shared, bound, bounded)
+			})
+		})
+	}
+}
+
+// fairPoll is the longest a waiter's poll waits, by default: the poller's
+// interval, at most DefaultMaxBackoff, jittered by up to +50% (backoff.go).
+const fairPoll = DefaultMaxBackoff * 3 / 2
+
+// waiters returns the owners of the registrations in key's record, in
+// queue order.
+func waiters(st *memStore, key string) []string {
+	r := holder(st, key)
+	es := slices.SortedFunc(maps.Values(r.Waiters), func(a, b entry) int { return cmp.Compare(a.Q, b.Q) })
+	owners := make([]string, len(es))
+	for i, e := range es {
+		owners[i] = e.Owner
+	}
+	return owners
+}
+
+// TestFairQueueWaiterLeaves: a waiter whose ctx ends leaves the queue. Its
+// Lock returns the ctx's error, its registration is removed (Close waits
+// for that clean-up write), and the waiter behind it takes the key within
+// a poll of the Unlock, not after a TTL (as it would if it had to wait out
+// a registration left behind).
+func TestFairQueueWaiterLeaves(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		a, _ := memClient(t, st)
+		b, _ := memClient(t, st)
+		c, _ := memClient(t, st)
+		ma := a.NewMutex("k")
+		require.NoError(t, ma.Lock(context.Background()))
+
+		bctx, bcancel := context.WithTimeout(context.Background(), time.Second)
+		defer bcancel()
+		bErr := make(chan error, 1)
+		go func() { bErr <- b.NewMutex("k").Lock(bctx) }()
+		synctest.Wait() // b is registered, waiting for its poll
+		mc := c.NewMutex("k")
+		cErr := make(chan error, 1)
+		go func() { cErr <- mc.Lock(context.Background()) }()
+		synctest.Wait()
+		require.Equal(t, []string{b.owner, c.owner}, waiters(st, "k"), "b, then c, queued")
+
+		require.ErrorIs(t, <-bErr, context.DeadlineExceeded)
+		require.NoError(t, b.Close(context.Background()))
+		assert.Equal(t, []string{c.owner}, waiters(st, "k"), "b's registration left behind")
+
+		unlocked := time.Now()
+		require.NoError(t, ma.Unlock(context.Background()))
+		require.NoError(t, <-cErr)
+		took := time.Since(unlocked)
+		assert.LessOrEqual(t, took, fairPoll+10*time.Millisecond, "c took the key %v after the Unlock", took)
+		r := holder(st, "k")
+		assert.Equal(t, c.owner, r.Owner)
+		assert.Empty(t, r.Waiters, "c's registration ends with its acquire")
+		require.NoError(t, mc.Unlock(context.Background()))
+	})
+}
+
+// TestFairQueueCrashedWaiter: a registered waiter whose Client stops (its
+// every store call hangs, as a crashed or partitioned process's would)
+// holds up the waiters behind it for at most about its TTL. While its
+// Client extends the registration, the waiter behind it does not clear it
+// (a live waiter keeps its place however long the holder holds); once the
+// extensions stop, it waits for the registration's epoch to stand still
+// for a TTL, clears it, and takes the key. The crashed waiter's last
+// extension was at most a third of the TTL (the cadence) before the
+// Unlock, so the next waiter takes the key between TTL-TTL/3 and
+// TTL+poll after the Unlock.
+func TestFairQueueCrashedWaiter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		a, _ := memClient(t, st)
+		b, hb := memClient(t, st)
+		c, _ := memClient(t, st)
+		ma := a.NewMutex("k")
+		require.NoError(t, ma.Lock(context.Background()))
+
+		bctx, bcancel := context.WithCancel(context.Background())
+		defer bcancel()
+		bErr := make(chan error, 1)
+		go func() { bErr <- b.NewMutex("k").Lock(bctx) }()
+		synctest.Wait()
+		mc := c.NewMutex("k")
+		cErr := make(chan error, 1)
+		go func() { cErr <- mc.Lock(context.Background()) }()
+		synctest.Wait()
+		require.Equal(t, []string{b.owner, c.owner}, waiters(st, "k"), "b, then c, queued")
+
+		time.Sleep(3 * DefaultTTL) // a holds; b's Client keeps its registration alive
+		require.Equal(t, []string{b.owner, c.owner}, waiters(st, "k"), "a live registration was cleared")
+
+		ops := []string{"acquire", "handoff", "extend", "release", "setData", "releaseAll", "abandon", "read",
+			"floor", "raise", "idle", "raiseFloor", "remove", "register", "reap", "serverTime"}
+		for _, op := range ops {
+			hb.on(op, hang) // b's Client stops: nothing it sends arrives
+		}
+		unlocked := time.Now()
+		require.NoError(t, ma.Unlock(context.Background()))
+		require.NoError(t, <-cErr)
+		took := time.Since(unlocked)
+		t.Logf("c took the key %v after the Unlock", took)
+		assert.LessOrEqual(t, took, DefaultTTL+fairPoll+10*time.Millisecond, "the crashed waiter held c up too long")
+		assert.GreaterOrEqual(t, took, DefaultTTL-DefaultTTL/3, "c cleared b's registration before it stood still for a TTL")
+		assert.Equal(t, c.owner, holder(st, "k").Owner)
+		assert.Empty(t, waiters(st, "k"))
+
+		for _, op := range ops {
+			hb.on(op, nil)
+		}
+		bcancel()
+		require.ErrorIs(t, <-bErr, context.Canceled)
+		require.NoError(t, mc.Unlock(context.Background()))
+	})
+}
