@@ -449,10 +449,12 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 		due := &w // when the holder's revision may be taken over: the head's concern alone
 		limit := time.Duration(0)
 		if period := cl.pace.period(); period > 0 && q.registered() {
-			// The key changes hands about every period: the head polls at
-			// least that often, and a waiter behind k others reads again
-			// after about k periods (at least the minimum backoff).
-			limit = period * time.Duration(len(q.ahead)+1) / 2
+			// The key changes hands about every period: the head polls
+			// four times a period, and a waiter behind k others reads
+			// again after about k/2 periods (each at least the minimum
+			// backoff): measured with BenchmarkFairness, waiting longer
+			// leaves the key free longer, and polling more costs commands.
+			limit = period * time.Duration(2*len(q.ahead)+1) / 4
 		}
 		if !q.head() {
 			due = &watch{}
