@@ -415,7 +415,9 @@ func (c *Client) passOn(key string, l *Lease) {
 // closes, Context is cancelled): once the write lands the key may be
 // another's, so nothing may still be relying on the lease. With a local
 // waiter, it hands the hold over in one command instead of freeing the key
-// and having the waiter take it again. A lease already lost (by the
+// and having the waiter take it again, unless waiters of other Clients are
+// registered in the document: then it frees the key for them (the handoff
+// is refused, a second command) and the local waiter queues behind them. A lease already lost (by the
 // extender, or past its local deadline) is not handed over: its error is
 // returned at once and the key is tidied up in the background.
 func (c *Client) release(ctx context.Context, l *Lease) error {

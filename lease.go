@@ -29,7 +29,7 @@ type Lease struct {
 	key      string
 	token    Token
 	hold     int64 // the hold id
-	role     role  // exclusive or shared (or, internally, a writer's registration)
+	role     role  // exclusive or shared (or, internally, a waiter's registration)
 	ttl      time.Duration
 	every    time.Duration
 	acquired time.Time     // on the Client's clock: when the acquire (or handoff) that made the hold was sent

@@ -43,7 +43,7 @@ type entry struct {
 // free reports whether nobody holds the key, exclusively or shared.
 func (r record) free() bool { return r.Owner == "" && len(r.Shared) == 0 }
 
-// holds reports whether ref holds r (or, for a writer's registration,
+// holds reports whether ref holds r (or, for a waiter's registration,
 // is registered in it).
 func (r record) holds(ref leaseRef) bool {
 	if ref.role == roleExclusive {
