@@ -146,7 +146,10 @@
 //
 // Waiters queue in the lock document, first come first served (see
 // Fairness); a Semaphore's waiters do not queue across Clients: each
-// polls, in no order.
+// polls, in no order. A TryLock never queues and fails while any waiter
+// is registered, even one whose Client crashed: only a waiting Lock clears
+// a dead registration (after its TTL), and Prune keeps a document that has
+// one.
 //
 // [Client.Holders] reports what the document says: a holder that crashed
 // is listed until its hold is taken over or cleared, a TTL after a waiter

@@ -940,8 +940,8 @@ func TestSimulation(t *testing.T) {
 // before it creates the document 8-285 (12 sessions); and, over 7
 // sessions, a Semaphore allowing n+1 permits 1-11, shared holds cleared
 // without waiting out their TTL 1-53 (RWMutex) and 1-13 (Semaphore), a
-// shared hold's deadline counted from the reply 5-35; over 665 sessions,
-// waiters that register but jump the queue 1-17 (queueOrder sees an
+// shared hold's deadline counted from the reply 5-35; over 765 sessions,
+// waiters that register but jump the queue 1-21 (queueOrder sees an
 // acquire or a handoff that ignored the queue take the key past a
 // registered waiter). Under -race a run takes about 10 ms.
 func TestSimulationCatchesFlaws(t *testing.T) {

@@ -156,8 +156,13 @@ func (s *memStore) reap(ctx context.Context, key string, at stamp, stale []stale
 			return false, nil
 		}
 	}
+	holds := false
 	for _, e := range stale {
 		delete(r.entries(e.role), e.key)
+		holds = holds || e.role == roleShared
+	}
+	if !holds {
+		r.Rev-- // registrations only: not holds, so the revision stays (rule 6 of doc.go)
 	}
 	s.write(key, r)
 	return true, nil

@@ -373,8 +373,10 @@ func (s *mongoStore) reap(ctx context.Context, key string, at stamp, stale []sta
 		}
 		update = bson.D{
 			{Key: "$unset", Value: unset},
-			{Key: "$inc", Value: bson.D{{Key: fN, Value: -shared}, {Key: fRev, Value: int64(1)}}},
 			{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
+		}
+		if shared > 0 { // registrations alone are not holds: the revision stays (rule 6 of doc.go)
+			update = append(update, bson.E{Key: "$inc", Value: bson.D{{Key: fN, Value: -shared}, {Key: fRev, Value: int64(1)}}})
 		}
 	}
 	s.counted(ctx, 1)
