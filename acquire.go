@@ -216,10 +216,13 @@ func (c *Client) waitPoll(ctx context.Context, cl claim, polls **poller, w *watc
 	if limit > 0 {
 		d = min(d, max(limit, cl.cfg.minBackoff))
 	}
-	if w.rev != 0 {
-		d = min(d, max(w.wait(now), 0))
+	// Wake when a watch comes due, not again and again once it is: an
+	// attempt that could not act on it (the server out of reach) waits for
+	// the poll, rather than spinning.
+	if due := w.wait(now); w.rev != 0 && due > 0 {
+		d = min(d, due)
 	}
-	if due := ew.wait(now); due >= 0 {
+	if due := ew.wait(now); due > 0 {
 		d = min(d, due)
 	}
 	t := c.clock.NewTimer(d)
@@ -561,7 +564,16 @@ func (c *Client) view(cl claim, a attempt, r record, w *watch, ew *entryWatch, q
 			}
 		}
 	}
-	ew.observe(blocking, c.clock.Now(), roleShared, roleWaiter)
+	now := c.clock.Now()
+	ew.observe(blocking, now, roleShared, roleWaiter)
+	for hk, e := range blocking.Waiters {
+		if e.Owner == c.owner && hk != a.holdKey() {
+			// A registration of this Client's that no call uses (one whose
+			// removal did not land): this call holds the Client's slot for
+			// the key, so it may clear it at once, as an orphaned hold.
+			ew.dueAt(roleWaiter, hk, now)
+		}
+	}
 	return nil
 }
 
@@ -790,6 +802,15 @@ func (ew *entryWatch) observe(r record, now time.Time, roles ...role) {
 		}
 	}
 	ew.seen = next
+}
+
+// dueAt makes the watched entry hk of role ro clearable from at.
+func (ew *entryWatch) dueAt(ro role, hk string, at time.Time) {
+	id := string(rune('0'+ro)) + hk
+	if e, ok := ew.seen[id]; ok {
+		e.deadline = at
+		ew.seen[id] = e
+	}
 }
 
 // due returns the watched entries that may be cleared at now.
