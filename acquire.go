@@ -357,7 +357,7 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 					continue
 				}
 				c.watchHolder(ctx, r, &w)
-				err = c.view(cl, a, r, &w, &ew, &q)
+				err = c.view(cl, a, r, &ew, &q)
 				if err == nil && q.head() && (r.free() || w.takeover(c.clock.Now()).rev != 0) {
 					rushed = true
 					continue
@@ -412,7 +412,7 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 		if read {
 			r, err = c.observe(ctx, a.key, &w)
 			if err == nil {
-				err = c.view(cl, a, r, &w, &ew, &q)
+				err = c.view(cl, a, r, &ew, &q)
 			}
 			if err == nil {
 				if stale := ew.due(c.clock.Now()); len(stale) > 0 {
@@ -483,9 +483,8 @@ func (c *Client) queues(kind string) bool {
 
 // A queueing is one exclusive wait's place in its key's queue.
 type queueing struct {
-	reg    *Lease   // the registration, kept alive by the extender; nil when not registered
-	number int64    // its queue number
-	ahead  []string // hold keys of the waiters registered before it, as last seen
+	reg   *Lease   // the registration, kept alive by the extender; nil when not registered
+	ahead []string // hold keys of the waiters registered before it, as last seen
 }
 
 // registered reports whether the wait is registered, as far as it knows.
@@ -501,48 +500,49 @@ func (q *queueing) head() bool { return !q.registered() || len(q.ahead) == 0 }
 // enqueue registers attempt a as a waiter for its key, with the next
 // queue number: a compare-and-set on the key's queue counter as cl's
 // primitive last saw it; when that was stale it reads the counter and
-// tries once more. It returns the record written (or, when the key has no
-// record, the zero record, unregistered). A registration whose outcome is
+// tries once more. It returns the record written; unregistered, the
+// record it read (the zero record when the key has none). A registration whose outcome is
 // unknown is removed in the background.
 func (c *Client) enqueue(ctx context.Context, cl claim, a attempt, q *queueing) (record, error) {
 	a.queue = cl.pace.queueSeen()
 	sent := c.clock.Now()
 	r, err := c.store.register(ctx, a)
+	var read record
 	if errors.Is(err, errHeld) { // a stale counter, or no record of a's kind
-		if r, err = c.store.read(ctx, a.key); err != nil || r.Rev == 0 || r.Kind != a.kind {
-			return r, err
+		if read, err = c.store.read(ctx, a.key); err != nil || read.Rev == 0 || read.Kind != a.kind {
+			return read, err
 		}
-		a.queue = r.Queue
+		a.queue = read.Queue
 		sent = c.clock.Now()
 		r, err = c.store.register(ctx, a)
 	}
 	switch {
 	case errors.Is(err, errHeld):
-		return record{}, nil // outrun twice: wait unregistered, and try again after the poll
+		return read, nil // outrun twice: wait unregistered, and try again after the poll
 	case err != nil:
 		ref := leaseRef{key: a.key, owner: a.owner, hold: a.hold, ttl: a.ttl, role: roleWaiter}
 		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
 		return record{}, err
 	}
-	cl.pace.sawQueue(r.Queue)
 	reg := c.newLease(nil, cl.cfg, a, 0, roleWaiter, sent)
 	reg.data = nil
 	if !c.ext.add(reg) {
 		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, reg.ref()) })
 		return record{}, ErrClosed
 	}
-	q.reg, q.number, q.ahead = reg, r.Waiters[a.holdKey()].Q, nil
+	q.reg, q.ahead = reg, nil
 	return r, nil
 }
 
 // view brings an exclusive wait up to date with r, the record as just
-// read or registered in: its place in the queue (a registration that is
-// gone, cleared by another waiter while this Client could not extend it,
-// is ended, and the wait registers again), the watch of the holder's
-// revision, and the entries it watches for liveness: the waiters ahead of
+// read or registered in (watchHolder does the holder's revision): its
+// place in the queue (a registration that is gone, cleared by another
+// waiter while this Client could not extend it, is ended, and the wait
+// registers again), its primitive's view of the queue and token counters,
+// and the entries it watches for liveness: the waiters ahead of
 // it (all of them while unregistered) and, for an RWMutex's writer, the
 // shared holds.
-func (c *Client) view(cl claim, a attempt, r record, w *watch, ew *entryWatch, q *queueing) error {
+func (c *Client) view(cl claim, a attempt, r record, ew *entryWatch, q *queueing) error {
 	if r.Rev != 0 && r.Kind != a.kind {
 		return kindError(a.key, a.kind, r.Kind)
 	}
@@ -554,10 +554,10 @@ func (c *Client) view(cl claim, a attempt, r record, w *watch, ew *entryWatch, q
 	if q.reg != nil {
 		e, ok := r.Waiters[a.holdKey()]
 		if !ok {
-			c.unregister(q.reg)
+			q.reg.end(ErrReleased, "") // cleared already: nothing to remove
 			*q = queueing{}
 		} else {
-			q.number, q.ahead = e.Q, r.ahead(e.Q)
+			q.ahead = r.ahead(e.Q)
 			blocking.Waiters = make(map[string]entry, len(q.ahead))
 			for _, hk := range q.ahead {
 				blocking.Waiters[hk] = r.Waiters[hk]
