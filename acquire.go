@@ -34,6 +34,9 @@ type pacing struct {
 	queue  int64         // guarded by mu
 	sample sample        // guarded by mu: the token counter last seen
 	every  time.Duration // guarded by mu: how often the key changes hands, estimated
+
+	unlocked time.Time // guarded by mu: when the last Unlock began (requeue.go)
+	soon     bool      // guarded by mu: the last Lock began within the requeue window after the Unlock before it
 }
 
 // sawToken records the key's token counter t, seen at now, and updates
@@ -56,10 +59,14 @@ func (p *pacing) sawToken(t Token, now time.Time) {
 	}
 }
 
-// period is the estimate of how often the key changes hands, 0 if none.
-func (p *pacing) period() time.Duration {
+// period is the estimate of how often the key changes hands, 0 if none or
+// if the token counter was last seen to move more than ttl before now.
+func (p *pacing) period(now time.Time, ttl time.Duration) time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.sample.at.IsZero() || now.Sub(p.sample.at) > ttl {
+		return 0
+	}
 	return p.every
 }
 
@@ -133,6 +140,7 @@ func (c *Client) lockExclusive(ctx context.Context, cl claim, name string, try b
 	}
 	defer c.finish()
 	start := time.Now()
+	cl.pace.relocking(c.clock.Now(), requeueWindow(cl.cfg))
 	ctx, span := c.tel.lockSpan(ctx, name, key, c.owner)
 	attempts := 0
 	defer func() { c.tel.endLock(ctx, span, start, attempts, l, err) }()
@@ -206,15 +214,18 @@ func (c *Client) grant(cl claim, a attempt, t Token, ro role, sent time.Time) (*
 // waitPoll waits for the next poll of a held key: the poller's next
 // interval, or less when the watch of the record (w) or of an entry (ew)
 // is due sooner. It returns ctx's error or ErrClosed when those come first.
-func (c *Client) waitPoll(ctx context.Context, cl claim, polls **poller, w *watch, ew *entryWatch, limit time.Duration) error {
+func (c *Client) waitPoll(ctx context.Context, cl claim, polls **poller, w *watch, ew *entryWatch, limit time.Duration, exact bool) error {
 	now := c.clock.Now()
 	if *polls == nil {
 		p := cl.pace.start(now, cl.cfg)
 		*polls = &p
 	}
 	d := (*polls).next()
-	if limit > 0 {
-		d = min(d, max(limit, cl.cfg.minBackoff))
+	switch {
+	case exact:
+		d = limit
+	case limit > 0:
+		d = min(d, limit)
 	}
 	// Wake when a watch comes due, not again and again once it is: an
 	// attempt that could not act on it (the server out of reach) waits for
@@ -341,16 +352,24 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 	}
 	ew.hasty = c.cfg.flaw == flawReapLive
 	queues := !try && c.queues(a.kind)
-	enqueue := queues && cl.pace.contended(c.clock.Now(), cl.cfg)
-	joined := enqueue // tried to register since the last wait: at most once a poll
+	pr := c.adopt(a) // a registration the last Unlock made for this call (requeue.go)
+	if pr != nil {
+		a.hold = pr.a.hold
+	}
+	enqueue := queues && pr == nil && cl.pace.contended(c.clock.Now(), cl.cfg)
+	joined := enqueue || pr != nil // tried to register since the last wait: at most once a poll
 	for {
 		var err error
 		var r record
 		read := false // read the record after this step
 		switch {
-		case enqueue:
-			enqueue = false
-			r, err = c.enqueue(ctx, cl, a, &q)
+		case enqueue || pr != nil:
+			if pr != nil {
+				r, q.reg, pr = pr.r, pr.reg, nil
+			} else {
+				enqueue = false
+				r, err = c.enqueue(ctx, cl, a, &q)
+			}
 			if err == nil {
 				if r.Rev == 0 { // no record: the key is free
 					rushed = true
@@ -384,6 +403,7 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 				}
 				if gerr == nil {
 					cl.pace.sawToken(r.Token, c.clock.Now())
+					cl.pace.sawQueue(r.Queue)
 					if polls != nil || q.reg != nil {
 						cl.pace.ended(polls.lastOrZero(), c.clock.Now())
 					}
@@ -450,19 +470,28 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 			continue
 		}
 		due := &w // when the holder's revision may be taken over: the head's concern alone
-		limit := time.Duration(0)
-		if period := cl.pace.period(); period > 0 && q.registered() {
+		limit, exact := time.Duration(0), false
+		if period := cl.pace.period(c.clock.Now(), cl.cfg.ttl); period > 0 && q.registered() {
 			// The key changes hands about every period: the head polls
-			// four times a period, and a waiter behind k others reads
-			// again after about k/2 periods (each at least the minimum
-			// backoff): measured with BenchmarkFairness, waiting longer
-			// leaves the key free longer, and polling more costs commands.
-			limit = period * time.Duration(2*len(q.ahead)+1) / 4
+			// four times a period; a waiter behind others reads when
+			// about one is left ahead of it, and then (next after the
+			// head) every 3/4 of a period, to learn when it is the head
+			// (each wait at least the minimum backoff): measured with
+			// BenchmarkFairness, waiting longer leaves the key free
+			// longer, and polling more costs commands.
+			switch now := c.clock.Now(); {
+			case q.head():
+				limit = max(period/4, cl.cfg.minBackoff/4)
+			case now.Before(q.eta):
+				limit, exact = max(q.eta.Sub(now), cl.cfg.minBackoff), true
+			default:
+				limit = max(period/2, cl.cfg.minBackoff/4)
+			}
 		}
 		if !q.head() {
 			due = &watch{}
 		}
-		if err := c.waitPoll(ctx, cl, &polls, due, &ew, limit); err != nil {
+		if err := c.waitPoll(ctx, cl, &polls, due, &ew, limit, exact); err != nil {
 			return giveUp(err)
 		}
 		joined = false
@@ -483,8 +512,9 @@ func (c *Client) queues(kind string) bool {
 
 // A queueing is one exclusive wait's place in its key's queue.
 type queueing struct {
-	reg   *Lease   // the registration, kept alive by the extender; nil when not registered
-	ahead []string // hold keys of the waiters registered before it, as last seen
+	reg   *Lease    // the registration, kept alive by the extender; nil when not registered
+	ahead []string  // hold keys of the waiters registered before it, as last seen
+	eta   time.Time // with two or more waiters ahead: when about one is left, estimated; zero for no estimate
 }
 
 // registered reports whether the wait is registered, as far as it knows.
@@ -557,7 +587,12 @@ func (c *Client) view(cl claim, a attempt, r record, ew *entryWatch, q *queueing
 			q.reg.end(ErrReleased, "") // cleared already: nothing to remove
 			*q = queueing{}
 		} else {
-			q.ahead = r.ahead(e.Q)
+			q.ahead, q.eta = r.ahead(e.Q), time.Time{}
+			if p := cl.pace.period(c.clock.Now(), cl.cfg.ttl); p > 0 && len(q.ahead) > 1 {
+				// Each waiter ahead holds the key about a period: read
+				// again when about one is left ahead.
+				q.eta = c.clock.Now().Add(time.Duration(len(q.ahead)-1)*p - p/2)
+			}
 			blocking.Waiters = make(map[string]entry, len(q.ahead))
 			for _, hk := range q.ahead {
 				blocking.Waiters[hk] = r.Waiters[hk]
@@ -728,7 +763,7 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 		case try:
 			return giveUp(errLockedElsewhere)
 		}
-		if err := c.waitPoll(ctx, cl, &polls, &w, &ew, 0); err != nil {
+		if err := c.waitPoll(ctx, cl, &polls, &w, &ew, 0, false); err != nil {
 			return giveUp(err)
 		}
 	}

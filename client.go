@@ -36,6 +36,7 @@ type Client struct {
 
 	mu      sync.Mutex
 	slots   map[string]*slot    // guarded by mu
+	preregs map[string]*prereg  // guarded by mu: registrations requeued by an Unlock, for the next Lock (requeue.go)
 	readers map[string]*readers // guarded by mu: RWMutex shared holds by key
 	closing chan struct{}       // closed by Close
 	calls   tracker             // guarded by mu: Lock, TryLock and Release calls under way; closed by Close
@@ -133,7 +134,7 @@ func newClientOn(newStore func(*telemetry) store, opts ...Option) (*Client, erro
 	}
 	c := &Client{
 		cfg: cfg, owner: cfg.owner, clock: cfg.clock, tel: tel,
-		slots: map[string]*slot{}, readers: map[string]*readers{}, closing: make(chan struct{}),
+		slots: map[string]*slot{}, preregs: map[string]*prereg{}, readers: map[string]*readers{}, closing: make(chan struct{}),
 		observations: map[string]*observation{},
 	}
 	c.tidyCtx, c.tidyCancel = context.WithCancel(context.Background())
@@ -474,6 +475,15 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 		}
 		c.deliver(l.key, w, nil) // the outcome unknown: the waiter takes over a hold of ours at once
 		return err
+	}
+	if rq, ok := l.lk.(requeuer); ok && c.cfg.flaw != flawUnfair {
+		if cl := rq.requeueClaim(); cl.pace.unlocking(c.clock.Now(), cl.cfg) {
+			done, err := c.requeue(ctx, l, cl)
+			if done {
+				c.leave(l.key)
+				return err
+			}
+		}
 	}
 	err := c.store.release(ctx, l.ref())
 	if errors.Is(err, errNotOwner) {

@@ -84,6 +84,11 @@ func (h *hooked) extend(ctx context.Context, refs []leaseRef) (ok []bool, err er
 	return ok, err
 }
 
+func (h *hooked) requeue(ctx context.Context, ref leaseRef, next attempt) (r record, err error) {
+	err = h.run(ctx, "requeue", func() (err error) { r, err = h.store.requeue(ctx, ref, next); return err })
+	return r, err
+}
+
 func (h *hooked) release(ctx context.Context, ref leaseRef) error {
 	return h.run(ctx, "release", func() error { return h.store.release(ctx, ref) })
 }

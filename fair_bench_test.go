@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -107,6 +109,8 @@ type fairAcq struct {
 // made by the previous acquisition's Client); and how long Lock waited.
 func runFairness(b *testing.B, r fairRow, variant string, opts ...Option) {
 	coll := newColl(b)
+	var ops opCounts
+	opts = append(opts, withStoreWrapper(func(s store) store { return &countingStore{store: s, n: &ops} }))
 	clients := make([]*Client, r.clients)
 	for i := range clients {
 		clients[i] = newClient(b, coll, opts...)
@@ -189,6 +193,91 @@ func runFairness(b *testing.B, r fairRow, variant string, opts ...Option) {
 	}
 	b.Logf("| %s | %s | %.1f | %.0f %% | %d–%d | %.1f / %.1f / %.1f ms | %.2f |",
 		r.label(), variant, acqPerSec, samePct, lo, hi, p50, p99, longest, cmdsPerAcq)
+	b.Logf("per acquisition: %s", ops.per(n))
+}
+
+// opCounts counts a row's store operations by kind, to show where its
+// commands go: an acquire that took the key (acq-ok) or found it held
+// (acq-held), a registration, a read, a release or handoff, an extension,
+// a reap, and the rest.
+type opCounts struct {
+	mu sync.Mutex
+	n  map[string]int // guarded by mu
+}
+
+func (o *opCounts) add(op string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == nil {
+		o.n = map[string]int{}
+	}
+	o.n[op]++
+}
+
+// per returns the counts divided by acquisitions, in a line.
+func (o *opCounts) per(acqs int) string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	keys := slices.Sorted(maps.Keys(o.n))
+	var sb strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&sb, "%s %.2f  ", k, float64(o.n[k])/float64(acqs))
+	}
+	return sb.String()
+}
+
+// A countingStore counts the operations of the store it wraps in n.
+type countingStore struct {
+	store
+	n *opCounts
+}
+
+func (s *countingStore) acquire(ctx context.Context, a attempt, takeover stamp) (record, error) {
+	r, err := s.store.acquire(ctx, a, takeover)
+	switch {
+	case err == nil:
+		s.n.add("acq-ok")
+	case errors.Is(err, errHeld):
+		s.n.add("acq-held")
+	default:
+		s.n.add("acq-err")
+	}
+	return r, err
+}
+
+func (s *countingStore) register(ctx context.Context, a attempt) (record, error) {
+	s.n.add("register")
+	return s.store.register(ctx, a)
+}
+
+func (s *countingStore) read(ctx context.Context, key string) (record, error) {
+	s.n.add("read")
+	return s.store.read(ctx, key)
+}
+
+func (s *countingStore) release(ctx context.Context, ref leaseRef) error {
+	s.n.add("release")
+	return s.store.release(ctx, ref)
+}
+
+func (s *countingStore) requeue(ctx context.Context, ref leaseRef, next attempt) (record, error) {
+	s.n.add("requeue")
+	return s.store.requeue(ctx, ref, next)
+}
+
+func (s *countingStore) handoff(ctx context.Context, ref leaseRef, next attempt) (record, error) {
+	s.n.add("handoff")
+	return s.store.handoff(ctx, ref, next)
+}
+
+func (s *countingStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error) {
+	s.n.add("extend")
+	return s.store.extend(ctx, refs)
+}
+
+func (s *countingStore) reap(ctx context.Context, key string, at stamp, stale []staleEntry) (bool, error) {
+	s.n.add("reap")
+	return s.store.reap(ctx, key, at, stale)
 }
 
 // fairPercentile returns the q-th percentile of sorted, by nearest rank as

@@ -224,7 +224,7 @@ func TestFairQueueCrashedWaiter(t *testing.T) {
 		require.Equal(t, []string{b.owner, c.owner}, waiters(st, "k"), "a live registration was cleared")
 
 		ops := []string{"acquire", "handoff", "extend", "release", "setData", "releaseAll", "abandon", "read",
-			"floor", "raise", "idle", "raiseFloor", "remove", "register", "reap", "serverTime"}
+			"floor", "raise", "idle", "raiseFloor", "remove", "register", "requeue", "reap", "serverTime"}
 		for _, op := range ops {
 			hb.on(op, hang) // b's Client stops: nothing it sends arrives
 		}
@@ -244,5 +244,143 @@ func TestFairQueueCrashedWaiter(t *testing.T) {
 		bcancel()
 		require.ErrorIs(t, <-bErr, context.Canceled)
 		require.NoError(t, mc.Unlock(context.Background()))
+	})
+}
+
+// ringRound has Clients take turns at key "k" of st, each locking again
+// at once after it unlocks, for rounds acquisitions each; stop[i], when
+// closed, ends Client i's turns (its last Unlock is not followed by a
+// Lock). It returns the order of the acquisitions. Call it inside a bubble.
+func ringRounds(t *testing.T, ms []*Mutex, rounds int, hold time.Duration) []int {
+	var (
+		mu    sync.Mutex
+		order []int // guarded by mu
+		wg    sync.WaitGroup
+	)
+	for i, m := range ms {
+		wg.Go(func() {
+			for range rounds {
+				if err := m.Lock(context.Background()); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				order = append(order, i)
+				mu.Unlock()
+				time.Sleep(hold)
+				if err := m.Unlock(context.Background()); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return order
+}
+
+// TestRequeue: two Clients that each lock again as soon as they unlock
+// take turns, and from their second turns on each Unlock queues the
+// Client's next Lock in the release's own write: the Lock adopts that
+// registration and sends no write to register. The turns alternate.
+func TestRequeue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		a, ha := memClient(t, st)
+		b, hb := memClient(t, st)
+		const rounds = 20
+		order := ringRounds(t, []*Mutex{a.NewMutex("k"), b.NewMutex("k")}, rounds, 10*time.Millisecond)
+		for i := 2; i < len(order); i++ {
+			require.NotEqual(t, order[i-1], order[i], "turn %d: the same Client twice in a row: %v", i, order)
+		}
+		for _, h := range []*hooked{ha, hb} {
+			t.Logf("requeue %d, release %d, register %d", h.count("requeue"), h.count("release"), h.count("register"))
+			assert.GreaterOrEqual(t, h.count("requeue"), rounds-3, "Unlocks that requeued")
+			assert.LessOrEqual(t, h.count("register"), 3, "Locks that registered themselves")
+		}
+		// The last Unlocks requeued too, with no Lock to follow: the
+		// window gives those registrations up.
+		time.Sleep(requeueWindow(&a.cfg))
+		synctest.Wait()
+		assert.Empty(t, waiters(st, "k"), "a registration left behind")
+	})
+}
+
+// TestRequeueOnlySoon: an Unlock requeues only when the primitive's last
+// Lock came within the requeue window after the Unlock before it.
+func TestRequeueOnlySoon(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		a, ha := memClient(t, st)
+		b, _ := memClient(t, st)
+		ma, mb := a.NewMutex("k"), b.NewMutex("k")
+		ctx := context.Background()
+		require.NoError(t, mb.Lock(ctx))
+		for range 5 { // a waits for b each time, and locks a second after it unlocks
+			aErr, bErr := make(chan error, 1), make(chan error, 1)
+			go func() { aErr <- ma.Lock(ctx) }()
+			synctest.Wait()
+			require.NoError(t, mb.Unlock(ctx))
+			require.NoError(t, <-aErr)
+			go func() { bErr <- mb.Lock(ctx) }()
+			synctest.Wait()
+			require.NoError(t, ma.Unlock(ctx))
+			require.NoError(t, <-bErr)
+			time.Sleep(time.Second)
+		}
+		assert.Zero(t, ha.count("requeue"), "an Unlock requeued, though its Lock came a second after the Unlock before it")
+		require.NoError(t, mb.Unlock(ctx))
+	})
+}
+
+// TestRequeueGivenUp: a registration that an Unlock requeued, and that no
+// Lock adopts within the requeue window, is removed, so it does not hold
+// up the waiters behind it: the next waiter takes the key when the holder
+// unlocks, with no TTL to wait out. No goroutine is left behind (goleak,
+// in TestMain).
+func TestRequeueGivenUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		a, ha := memClient(t, st)
+		b, _ := memClient(t, st)
+		c, _ := memClient(t, st)
+		ma, mb, mc := a.NewMutex("k"), b.NewMutex("k"), c.NewMutex("k")
+		ctx := context.Background()
+		lock := func(m *Mutex) chan error {
+			ch := make(chan error, 1)
+			go func() { ch <- m.Lock(ctx) }()
+			synctest.Wait()
+			return ch
+		}
+		require.NoError(t, mc.Lock(ctx))
+		aErr, bErr := lock(ma), lock(mb)
+		require.NoError(t, mc.Unlock(ctx))
+		require.NoError(t, <-aErr)
+		require.NoError(t, ma.Unlock(ctx))
+		aErr = lock(ma) // at once: a's next Unlock requeues
+		require.NoError(t, <-bErr)
+		require.NoError(t, mb.Unlock(ctx))
+		bErr = lock(mb) // b registers before a takes the key
+		require.NoError(t, <-aErr)
+		require.Equal(t, []string{b.owner}, waiters(st, "k"))
+
+		requeues := ha.count("requeue")
+		require.NoError(t, ma.Unlock(ctx)) // requeues a behind b; a does not lock again
+		require.Equal(t, requeues+1, ha.count("requeue"))
+		require.Equal(t, []string{b.owner, a.owner}, waiters(st, "k"), "a requeued behind b")
+		cErr := make(chan error, 1)
+		go func() { cErr <- mc.Lock(ctx) }()
+		synctest.Wait() // c fails its attempt and registers, at this instant
+		require.Equal(t, []string{b.owner, a.owner, c.owner}, waiters(st, "k"), "c queued behind a's unused registration")
+		require.NoError(t, <-bErr)
+		time.Sleep(requeueWindow(&a.cfg))
+		synctest.Wait()
+		assert.Equal(t, []string{c.owner}, waiters(st, "k"), "the unused registration is still queued after the window")
+
+		unlocked := time.Now()
+		require.NoError(t, mb.Unlock(ctx))
+		require.NoError(t, <-cErr)
+		assert.Less(t, time.Since(unlocked), fairPoll+10*time.Millisecond, "c waited for a's unused registration")
+		require.NoError(t, mc.Unlock(ctx))
 	})
 }

@@ -123,6 +123,9 @@ func (m *Mutex) lock(ctx context.Context, name string, try bool) error {
 	return nil
 }
 
+// requeueClaim is the claim of the Mutex's next Lock, for a requeue.
+func (m *Mutex) requeueClaim() claim { return m.claim() }
+
 func (m *Mutex) claim() claim {
 	return claim{lk: m, cfg: &m.cfg, pace: &m.pace, spec: attempt{key: m.key, ttl: m.cfg.ttl, data: m.cfg.data}}
 }

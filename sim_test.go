@@ -191,6 +191,15 @@ func (l *simLink) release(ctx context.Context, ref leaseRef) error {
 	return err
 }
 
+func (l *simLink) requeue(ctx context.Context, ref leaseRef, next attempt) (record, error) {
+	return send(l, ctx, func(ctx context.Context) (record, error) {
+		if l.releaseAnyToken {
+			ref.token = l.current(ref.key, ref.owner).Token
+		}
+		return l.st.requeue(ctx, ref, next)
+	})
+}
+
 func (l *simLink) setData(ctx context.Context, ref leaseRef, data []byte) error {
 	_, err := send(l, ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, l.st.setData(ctx, ref, data) })
 	return err

@@ -194,7 +194,7 @@ type attempt struct {
 	barge      bool
 
 	// A registration takes queue number queue+1: a compare-and-set on the
-	// record's queue counter, as last seen.
+	// record's queue counter, as last seen (or a guess above it).
 	queue int64
 }
 
@@ -233,6 +233,12 @@ type store interface {
 	extend(ctx context.Context, refs []leaseRef) ([]bool, error)
 	// release frees key if ref still holds it; errNotOwner otherwise.
 	release(ctx context.Context, ref leaseRef) error
+	// requeue frees key as release does and, in the same write, registers
+	// next (same owner, a new hold id) as register does: if ref still
+	// holds the key and the queue counter is at most next.queue. It
+	// returns the record written; errNotOwner when either fails, and then
+	// nothing is written.
+	requeue(ctx context.Context, ref leaseRef, next attempt) (record, error)
 	// setData replaces the data of ref's exclusive hold if ref still holds
 	// its key, errNotOwner otherwise. It keeps the token and bumps the
 	// revision, as every write of a hold does (an Election's Proclaim).
@@ -262,8 +268,9 @@ type store interface {
 	remove(ctx context.Context, recs []idleRecord) (int, error)
 	// register records attempt a as waiting for the exclusive hold of its
 	// key, with queue number a.queue+1, if the record exists, is of a's
-	// kind and its queue counter is still a.queue; it returns the record
-	// written, or errHeld. While registered, a waiter is owed the key
+	// kind and its queue counter is at most a.queue (it becomes a.queue+1,
+	// so numbers only grow, in the order of registration); it returns the
+	// record written, or errHeld. While registered, a waiter is owed the key
 	// before every waiter registered after it, and no new shared hold is
 	// taken.
 	register(ctx context.Context, a attempt) (record, error)

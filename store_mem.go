@@ -121,16 +121,37 @@ func (s *memStore) register(ctx context.Context, a attempt) (record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, exists := s.get(a.key)
-	if !exists || r.Kind != a.kind || r.Queue != a.queue {
+	if !exists || r.Kind != a.kind || r.Queue > a.queue {
 		return record{}, errHeld
 	}
+	r.enqueue(a)
+	r.Rev-- // a registration is not a hold: it leaves the revision alone
+	return s.write(a.key, r), nil
+}
+
+// enqueue adds a's registration with queue number a.queue+1, which also
+// becomes the queue counter.
+func (r *record) enqueue(a attempt) {
 	if r.Waiters == nil {
 		r.Waiters = map[string]entry{}
 	}
-	r.Queue++
+	r.Queue = a.queue + 1
 	r.Waiters[a.holdKey()] = entry{Owner: a.owner, Hold: a.hold, TTL: a.ttl, Epoch: rand.Int64N(1 << 62), Q: r.Queue}
-	r.Rev-- // a registration is not a hold: it leaves the revision alone
-	return s.write(a.key, r), nil
+}
+
+func (s *memStore) requeue(ctx context.Context, ref leaseRef, next attempt) (record, error) {
+	if err := s.begin(ctx); err != nil {
+		return record{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.holds(ref)
+	if !ok || ref.role != roleExclusive || r.Queue > next.queue {
+		return record{}, errNotOwner
+	}
+	r.Owner, r.Data = "", nil
+	r.enqueue(next)
+	return s.write(ref.key, r), nil
 }
 
 func (s *memStore) reap(ctx context.Context, key string, at stamp, stale []staleEntry) (bool, error) {
@@ -438,6 +459,13 @@ func (l *memLink) extend(ctx context.Context, refs []leaseRef) ([]bool, error) {
 		return nil, err
 	}
 	return l.memStore.extend(ctx, refs)
+}
+
+func (l *memLink) requeue(ctx context.Context, ref leaseRef, next attempt) (record, error) {
+	if err := l.check(ctx); err != nil {
+		return record{}, err
+	}
+	return l.memStore.requeue(ctx, ref, next)
 }
 
 func (l *memLink) release(ctx context.Context, ref leaseRef) error {

@@ -330,14 +330,9 @@ func (s *mongoStore) acquireShared(ctx context.Context, a attempt) (record, erro
 }
 
 func (s *mongoStore) register(ctx context.Context, a attempt) (record, error) {
-	q := a.queue + 1
-	e := entryDoc{Owner: a.owner, Hold: a.hold, TTL: ttlMillis(a.ttl), Epoch: rand.Int64N(1 << 62), Q: q}
-	filter := bson.D{{Key: "_id", Value: a.key}, kindFilter(a.kind), {Key: fQueue, Value: a.queue}}
-	if a.queue == 0 {
-		filter[2].Value = notPositive // absent in a record no one has queued on
-	}
+	filter := bson.D{{Key: "_id", Value: a.key}, kindFilter(a.kind), queueAtMost(a.queue)}
 	update := bson.D{ // a registration is not a hold: it leaves the revision alone
-		{Key: "$set", Value: bson.D{{Key: fQueue, Value: q}, {Key: path(fW, a.holdKey()), Value: e}}},
+		{Key: "$set", Value: registration(a)},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}
 	r, err := s.modify(ctx, filter, update, "register a waiter for", a.key)
@@ -456,6 +451,30 @@ func (s *mongoStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error
 		ok[i] = now[ref.key].holds(ref)
 	}
 	return ok, nil
+}
+
+// queueAtMost matches a record whose queue counter is at most q (absent
+// in a record no one has queued on).
+func queueAtMost(q int64) bson.E {
+	return bson.E{Key: fQueue, Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: q}}}}}
+}
+
+// registration is the $set of a's registration with queue number
+// a.queue+1, which also becomes the queue counter.
+func registration(a attempt) bson.D {
+	q := a.queue + 1
+	e := entryDoc{Owner: a.owner, Hold: a.hold, TTL: ttlMillis(a.ttl), Epoch: rand.Int64N(1 << 62), Q: q}
+	return bson.D{{Key: fQueue, Value: q}, {Key: path(fW, a.holdKey()), Value: e}}
+}
+
+func (s *mongoStore) requeue(ctx context.Context, ref leaseRef, next attempt) (record, error) {
+	update := bson.D{
+		{Key: "$set", Value: append(bson.D{{Key: fOwner, Value: ""}}, registration(next)...)},
+		{Key: "$unset", Value: bson.D{{Key: fData, Value: ""}}},
+		{Key: "$inc", Value: bson.D{{Key: fRev, Value: int64(1)}}},
+		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
+	}
+	return s.modify(ctx, append(held(ref), queueAtMost(next.queue)), update, "release and requeue", ref.key)
 }
 
 func (s *mongoStore) release(ctx context.Context, ref leaseRef) error {
