@@ -178,8 +178,27 @@
 // leaves the queue; the clean-up write is in the background, and until it
 // lands (at most a second or the TTL) the others wait for its turn.
 //
-// Waiters poll: the head with acquire attempts, the others by reading
-// the document, so that they learn when they reach the head. No waiter is
+// A Mutex's Unlock may also queue the Mutex's next Lock, in the release's
+// own write (the requeue): when the Mutex's last Lock had to wait, came
+// within the minimum backoff ([WithBackoff]) after the Unlock before it,
+// and no waiter registered since that Lock took the key. The Client keeps
+// that registration for its next Lock of the key, which adopts it and
+// waits in its place; if no Lock comes within the minimum backoff, the
+// Client removes it (in the background; Close removes it too). So a
+// Client that loops Lock, work, Unlock under contention spends one write
+// per Unlock and none to register, and it is queued from its Unlock, not
+// from its next Lock, a difference of the time between the two. Until an
+// unused registration is removed it holds up those behind it once it
+// reaches the head: at most the minimum backoff plus a round trip, and,
+// for a Client that crashed meanwhile, its TTL, as for any waiter.
+//
+// Waiters poll: the head with acquire attempts, about four times per
+// estimated hand-over period (estimated from how fast the key's token
+// counter moves, and at least a quarter of the minimum backoff apart, so
+// the head may poll faster than [WithBackoff]'s minimum); the others by
+// reading the document, so that they learn when they reach the head: a
+// waiter with two or more ahead reads again when about one should be
+// left, the one next after the head about twice a period. No waiter is
 // woken by the server, so the key stays free for up to a poll interval
 // after an Unlock: fairness costs throughput when holds are short and
 // many Clients wait.
