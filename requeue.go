@@ -91,7 +91,7 @@ func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) 
 		c.unregister(old.reg)
 	}
 	window := requeueWindow(cl.cfg)
-	c.tidy(a.ttl, func(ctx context.Context) {
+	c.tidy(a.ttl, func(context.Context) {
 		t := c.clock.NewTimer(window)
 		defer t.Stop()
 		select {
@@ -108,6 +108,9 @@ func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) 
 		}
 		c.mu.Unlock()
 		if mine && reg.end(ErrReleased, "") {
+			// A context of its own: tidy's counts from before the window.
+			ctx, cancel := context.WithTimeout(c.tidyCtx, min(a.ttl, cleanupTimeout))
+			defer cancel()
 			c.store.release(ctx, reg.ref())
 		}
 	})
