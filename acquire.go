@@ -34,6 +34,9 @@ type pacing struct {
 	queue  int64         // guarded by mu
 	sample sample        // guarded by mu: the token counter last seen
 	every  time.Duration // guarded by mu: how often the key changes hands, estimated
+	turn   time.Duration // guarded by mu: a requeued wait's turn, per waiter ahead, as learnt (turn.go)
+	busy   time.Duration // guarded by mu: how long its holds last, from acquire to release, on average (turn.go)
+	late   int           // guarded by mu: requeued waits in a row whose first attempt failed
 
 	unlocked time.Time // guarded by mu: when the last Unlock began (requeue.go)
 	soon     bool      // guarded by mu: the last Lock began within the requeue window after the Unlock before it
@@ -85,11 +88,21 @@ func (p *pacing) contended(now time.Time, cfg *config) bool {
 	return !p.last.at.IsZero() && now.Sub(p.last.at) < cfg.ttl
 }
 
-func (p *pacing) queueSeen() int64 {
+// queueGuess is the queue counter to register with: the one last seen,
+// plus queueSlack. A registration takes the number after its guess if the
+// counter is at most the guess, so the slack lets it through when up to
+// queueSlack waiters registered since the primitive last looked, which
+// would otherwise cost a failed write and a read. Numbers stay unique and
+// grow in the order registrations apply, which is all the queue needs of
+// them (doc.go, rule 6).
+func (p *pacing) queueGuess() int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.queue
+	return p.queue + queueSlack
 }
+
+// queueSlack: see queueGuess.
+const queueSlack = 64
 
 func (p *pacing) sawQueue(q int64) {
 	p.mu.Lock()
@@ -315,9 +328,12 @@ func kindError(key, want, got string) error {
 // once; otherwise it first tries to take the key, one command when the key
 // is free.
 //
-// The head polls with acquire attempts, one command that takes the key
-// when it is free; the waiters behind it poll by reading the document, to
-// learn when they are at the head. All the attempts of one call carry one
+// A wait that adopted a requeued registration sends no command until its
+// turn is due, then acquire attempts, whatever its place as last seen
+// (turn.go); after turnRetries early ones, or any other failure, it polls
+// as other waits do. The head polls with acquire attempts, one command
+// that takes the key when it is free; the waiters behind it poll by
+// reading the document, to learn when they are at the head. All the attempts of one call carry one
 // hold id, so a retry after an unanswered attempt finds that attempt's
 // hold its own. The head also reads the record to start a watch on the
 // holder's revision, when a wait outlasts its first poll (a TryLock reads
@@ -343,6 +359,7 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 		lastErr  error  // the last transient failure
 		holder   record // the last holder reported to the trace
 		events   int    // holders reported
+		tp       turnPlan
 	)
 	early := c.earlyFloor(ctx)
 	tracing := trace.SpanFromContext(ctx).IsRecording()
@@ -364,8 +381,10 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 		read := false // read the record after this step
 		switch {
 		case enqueue || pr != nil:
+			var joined time.Time   // when an adopted registration was made
+			var busy time.Duration // how long the hold before it lasted
 			if pr != nil {
-				r, q.reg, pr = pr.r, pr.reg, nil
+				r, q.reg, joined, busy, pr = pr.r, pr.reg, pr.at, pr.busy, nil
 			} else {
 				enqueue = false
 				r, err = c.enqueue(ctx, cl, a, &q)
@@ -377,12 +396,15 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 				}
 				c.watchHolder(ctx, r, &w)
 				err = c.view(cl, a, r, &ew, &q)
+				if err == nil && !joined.IsZero() && q.registered() && c.cfg.flaw != flawNoTurnPlan {
+					tp = cl.pace.planTurn(joined, len(q.ahead), busy, cl.cfg)
+				}
 				if err == nil && q.head() && (r.free() || w.takeover(c.clock.Now()).rev != 0) {
 					rushed = true
 					continue
 				}
 			}
-		case q.head():
+		case q.head() || tp.on:
 			attempts++
 			a.registered, a.ahead = q.registered(), q.ahead
 			sent := c.clock.Now()
@@ -404,6 +426,7 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 				if gerr == nil {
 					cl.pace.sawToken(r.Token, c.clock.Now())
 					cl.pace.sawQueue(r.Queue)
+					cl.pace.tookTurn(tp, c.clock.Now())
 					if polls != nil || q.reg != nil {
 						cl.pace.ended(polls.lastOrZero(), c.clock.Now())
 					}
@@ -417,7 +440,11 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 			switch {
 			case err == nil:
 			case !errors.Is(err, errHeld):
-				unsure = true
+				unsure, tp.on = true, false
+			case tp.on:
+				err = nil // not its turn yet: retry, reading only to trace
+				tp.miss(sent, c.clock.Now())
+				read = tracing && events < maxHeldEvents && attempts&(attempts-1) == 0
 			case rushed:
 				err = nil // wait for the poll: see the doc comment
 			default:
@@ -471,7 +498,9 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 		}
 		due := &w // when the holder's revision may be taken over: the head's concern alone
 		limit, exact := time.Duration(0), false
-		if period := cl.pace.period(c.clock.Now(), cl.cfg.ttl); period > 0 && q.registered() {
+		if tp.on {
+			limit, exact = max(tp.next.Sub(c.clock.Now()), 0), true
+		} else if period := cl.pace.period(c.clock.Now(), cl.cfg.ttl); period > 0 && q.registered() {
 			// The key changes hands about every period: the head polls
 			// four times a period; a waiter behind others reads when
 			// about one is left ahead of it, and then (next after the
@@ -534,7 +563,7 @@ func (q *queueing) head() bool { return !q.registered() || len(q.ahead) == 0 }
 // record it read (the zero record when the key has none). A registration whose outcome is
 // unknown is removed in the background.
 func (c *Client) enqueue(ctx context.Context, cl claim, a attempt, q *queueing) (record, error) {
-	a.queue = cl.pace.queueSeen()
+	a.queue = cl.pace.queueGuess()
 	sent := c.clock.Now()
 	r, err := c.store.register(ctx, a)
 	var read record

@@ -477,7 +477,9 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 		return err
 	}
 	if rq, ok := l.lk.(requeuer); ok && c.cfg.flaw != flawUnfair {
-		if cl := rq.requeueClaim(); cl.pace.unlocking(c.clock.Now(), cl.cfg) {
+		cl := rq.requeueClaim()
+		defer func() { cl.pace.unlockedAt(c.clock.Now()) }()
+		if cl.pace.unlocking(c.clock.Now(), cl.cfg) {
 			done, err := c.requeue(ctx, l, cl)
 			if done {
 				c.leave(l.key)

@@ -26,9 +26,11 @@ import (
 // The environment variable DLOCK_FAIR_SCALE (a positive number, default 1)
 // multiplies every row's duration, not its hold: 0.1 makes a smoke run.
 //
-// Each row runs twice: variant=before, the Client built with
+// Each row runs three times: variant=before, the Client built with
 // withFlaw(flawUnfair), dlock before fair queueing, where every poll races;
-// and variant=after, as shipped. Besides the metrics (see runFairness),
+// variant=unplanned, with withFlaw(flawNoTurnPlan), fair queueing without
+// the requeued waits' schedule (turn.go), whose waiters read the document
+// to learn when they are at the head; and variant=after, as shipped. Besides the metrics (see runFairness),
 // each row logs one line of a markdown table for the README; the header is
 // logged first.
 func BenchmarkFairness(b *testing.B) {
@@ -49,13 +51,16 @@ func BenchmarkFairness(b *testing.B) {
 		{clients: 2, hold: 3 * time.Second, ttl: 2 * time.Second, dur: 12 * time.Second},
 	} {
 		r.dur = time.Duration(float64(r.dur) * scale)
-		for _, variant := range []string{"before", "after"} {
+		for _, variant := range []string{"before", "unplanned", "after"} {
 			var opts []Option
 			if r.ttl != 0 {
 				opts = append(opts, WithTTL(r.ttl))
 			}
-			if variant == "before" {
+			switch variant {
+			case "before":
 				opts = append(opts, withFlaw(flawUnfair))
+			case "unplanned":
+				opts = append(opts, withFlaw(flawNoTurnPlan))
 			}
 			b.Run(r.name()+"/variant="+variant, func(b *testing.B) {
 				runFairness(b, r, variant, opts...)
@@ -202,16 +207,20 @@ func runFairness(b *testing.B, r fairRow, variant string, opts ...Option) {
 // a reap, and the rest.
 type opCounts struct {
 	mu sync.Mutex
-	n  map[string]int // guarded by mu
+	n  map[string]int           // guarded by mu
+	d  map[string]time.Duration // guarded by mu: the operations' round trips, summed
 }
 
-func (o *opCounts) add(op string) {
+func (o *opCounts) add(op string) { o.took(op, 0) }
+
+func (o *opCounts) took(op string, d time.Duration) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.n == nil {
-		o.n = map[string]int{}
+		o.n, o.d = map[string]int{}, map[string]time.Duration{}
 	}
 	o.n[op]++
+	o.d[op] += d
 }
 
 // per returns the counts divided by acquisitions, in a line.
@@ -221,7 +230,7 @@ func (o *opCounts) per(acqs int) string {
 	keys := slices.Sorted(maps.Keys(o.n))
 	var sb strings.Builder
 	for _, k := range keys {
-		fmt.Fprintf(&sb, "%s %.2f  ", k, float64(o.n[k])/float64(acqs))
+		fmt.Fprintf(&sb, "%s %.2f (%.2f ms)  ", k, float64(o.n[k])/float64(acqs), fairMs(o.d[k]/time.Duration(o.n[k])))
 	}
 	return sb.String()
 }
@@ -233,14 +242,15 @@ type countingStore struct {
 }
 
 func (s *countingStore) acquire(ctx context.Context, a attempt, takeover stamp) (record, error) {
+	sent := time.Now()
 	r, err := s.store.acquire(ctx, a, takeover)
 	switch {
 	case err == nil:
-		s.n.add("acq-ok")
+		s.n.took("acq-ok", time.Since(sent))
 	case errors.Is(err, errHeld):
-		s.n.add("acq-held")
+		s.n.took("acq-held", time.Since(sent))
 	default:
-		s.n.add("acq-err")
+		s.n.took("acq-err", time.Since(sent))
 	}
 	return r, err
 }
@@ -251,7 +261,8 @@ func (s *countingStore) register(ctx context.Context, a attempt) (record, error)
 }
 
 func (s *countingStore) read(ctx context.Context, key string) (record, error) {
-	s.n.add("read")
+	sent := time.Now()
+	defer func() { s.n.took("read", time.Since(sent)) }()
 	return s.store.read(ctx, key)
 }
 
@@ -261,8 +272,14 @@ func (s *countingStore) release(ctx context.Context, ref leaseRef) error {
 }
 
 func (s *countingStore) requeue(ctx context.Context, ref leaseRef, next attempt) (record, error) {
-	s.n.add("requeue")
-	return s.store.requeue(ctx, ref, next)
+	sent := time.Now()
+	r, err := s.store.requeue(ctx, ref, next)
+	if err != nil {
+		s.n.took("requeue-failed", time.Since(sent))
+	} else {
+		s.n.took("requeue", time.Since(sent))
+	}
+	return r, err
 }
 
 func (s *countingStore) handoff(ctx context.Context, ref leaseRef, next attempt) (record, error) {

@@ -282,6 +282,7 @@ const (
 	flawReapLive                  // a waiter clears shared holds and registrations without waiting out their TTL
 	flawUnfair                    // exclusive waiters do not queue in the document: every poll races (dlock before fair queueing)
 	flawQueueJump                 // exclusive waiters register in the queue, but every attempt ignores it
+	flawNoTurnPlan                // a requeued wait polls as any other (dlock before turn.go): for benchmarks, not a fault
 )
 
 // withFlaw makes the Client's logic deliberately unsound; tests only.

@@ -99,6 +99,9 @@ func (s *memStore) acquire(ctx context.Context, a attempt, takeover stamp) (reco
 	}
 	ours := r.Owner == a.owner && r.Hold == a.hold
 	took := r.at(takeover)
+	if !exists && a.registered { // as the MongoDB store: a registered attempt does not upsert
+		return record{}, errHeld
+	}
 	if exists && !ours && !((r.free() || took) && r.queueOpen(a)) {
 		return record{}, errHeld
 	}

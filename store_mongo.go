@@ -254,6 +254,16 @@ func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover stamp) (re
 	if unset != nil {
 		update = append(update, bson.E{Key: "$unset", Value: unset})
 	}
+	if a.registered {
+		// Registered, so the record exists: no upsert, whose miss costs
+		// the server a failed insert as well (measured on FerretDB v1: a
+		// miss takes a fifth less time without it).
+		r, err := s.modify(ctx, filter, update, "acquire", a.key)
+		if errors.Is(err, errNotOwner) {
+			err = errHeld
+		}
+		return r, err
+	}
 	return s.upsert(ctx, a.key, filter, update)
 }
 

@@ -1,0 +1,117 @@
+package dlock
+
+import "time"
+
+// This file is the schedule of a requeued wait: when a Lock that adopted
+// the registration its primitive's Unlock made (requeue.go) sends its
+// acquire attempts. doc.go ("Fairness") has why.
+//
+// A requeued waiter knows when it joined the queue (the reply to its
+// Unlock's write, which also freed the key for the head) and how many
+// waiters were ahead of it then (k). Under steady contention each of them
+// takes the key about one turn after the one before, so its own turn
+// comes about k turns after it joined. Rather than reading the document to
+// learn when it reaches the head (a command a read, and the key stays free
+// until the head's next poll), it sends its first acquire attempt when its
+// turn is due, then retries a short interval apart. The attempt's filter
+// lets it take the key only once every waiter ahead is gone (rule 6 in
+// doc.go), so an early attempt costs one failed command, never the order.
+//
+// The length of a turn is learnt per primitive, from its own waits: when
+// the first attempt took the key, the next wait aims a retry interval's
+// half earlier; when it failed, half later, and no earlier than a retry
+// interval before it did take the key. So about half of the first
+// attempts succeed, and the key rarely stays free and owed to a waiter
+// for longer than a retry interval. A wait whose turn has not come after
+// turnRetries attempts goes back to the ordinary schedule (reads, and
+// watches of the holder and of the waiters ahead), which clears crashed
+// holders and waiters.
+
+// turnRetries is how many attempts a scheduled wait makes before it falls
+// back to the ordinary schedule.
+const turnRetries = 8
+
+// A turnPlan is one requeued wait's schedule. The zero value is no plan.
+// It is used by the acquiring goroutine only.
+type turnPlan struct {
+	on     bool          // attempts follow the plan
+	joined time.Time     // when the wait joined the queue: the requeue's reply
+	k      int           // waiters ahead of it then; 0 for no plan
+	next   time.Time     // when the next attempt is due
+	retry  time.Duration // between attempts after the first
+	failed int           // attempts that found the key not yet its turn
+}
+
+// planTurn returns the schedule of a wait that joined the queue at
+// joined with k waiters ahead of it, after a hold of its primitive that
+// lasted busy from its acquire's send to its release's reply; no plan (the
+// zero turnPlan) when none is ahead.
+func (p *pacing) planTurn(joined time.Time, k int, busy time.Duration, cfg *config) turnPlan {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.busy == 0 {
+		p.busy = busy
+	} else {
+		p.busy = (3*p.busy + busy) / 4
+	}
+	if p.turn == 0 {
+		p.turn = p.busy // as first guess, the others hold the key as long as this primitive does
+	}
+	if k == 0 || p.turn <= 0 {
+		return turnPlan{}
+	}
+	return turnPlan{on: true, joined: joined, k: k, next: joined.Add(time.Duration(k) * p.turn), retry: turnRetry(p.turn, cfg)}
+}
+
+// turnRetry is the interval between a scheduled wait's attempts, for
+// turns of about u: an eighth of a turn, within the backoff's bounds.
+func turnRetry(u time.Duration, cfg *config) time.Duration {
+	return min(max(u/8, cfg.minBackoff/16), cfg.maxBackoff/2)
+}
+
+// miss notes that an attempt sent at sent found the key not yet the
+// wait's, at now; after turnRetries of them the plan ends. The next
+// attempt waits the retry interval, and at least twice the round trip of
+// this one: waiters that all aimed early (when one ahead of them was late)
+// must not fill a server that runs one command at a time with misses, or
+// the holder's own commands queue behind them and every turn is late.
+func (tp *turnPlan) miss(sent, now time.Time) {
+	tp.failed++
+	tp.next = now.Add(max(tp.retry, now.Sub(sent)))
+	if tp.failed >= turnRetries {
+		tp.on = false
+	}
+}
+
+// tookTurn learns from a planned wait (tp) that took the key at now: see
+// the file's comment. A first attempt that took the key moves the next
+// aim earlier: by half a retry interval, or by a quarter of the way down
+// to this primitive's own hold time (busy) if that is more. One that
+// failed moves it later: by half a retry interval, doubled for each wait
+// in a row that failed, but never later than this wait took the key.
+//
+// The pull towards busy is what keeps a queue of waiters from settling
+// in a slow rhythm: a waiter can take the key no sooner than the one
+// ahead of it has had its turn, so if every waiter aims late, each one's
+// wait shows the others' lateness, and learning from waits alone would
+// keep them all late. A turn is at least a hold, so aiming at the
+// holds, and retrying when that was too early, converges to the fast
+// rhythm when the holds are alike.
+func (p *pacing) tookTurn(tp turnPlan, now time.Time) {
+	if tp.k == 0 {
+		return
+	}
+	k := time.Duration(tp.k)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	u := p.turn
+	step := tp.retry / 2 / k
+	if tp.on && tp.failed == 0 { // the first attempt took it: aim earlier
+		u -= max(step/2, (u-p.busy*5/4)/2)
+		p.late = 0
+	} else { // later, but not later than it took the key
+		u = max(u, min(u+step<<min(p.late, 8), (now.Sub(tp.joined)-tp.retry)/k))
+		p.late++
+	}
+	p.turn = max(u, time.Microsecond)
+}

@@ -1,0 +1,161 @@
+package dlock
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A slowStore answers every command after a fixed delay, as a server a
+// round trip away would: inside a synctest bubble, turns then take as long
+// as they would against a server, in no real time.
+type slowStore struct {
+	store
+	rtt time.Duration
+}
+
+func (s slowStore) wait() { time.Sleep(s.rtt) }
+func (s slowStore) acquire(ctx context.Context, a attempt, at stamp) (record, error) {
+	s.wait()
+	return s.store.acquire(ctx, a, at)
+}
+func (s slowStore) read(ctx context.Context, key string) (record, error) {
+	s.wait()
+	return s.store.read(ctx, key)
+}
+func (s slowStore) register(ctx context.Context, a attempt) (record, error) {
+	s.wait()
+	return s.store.register(ctx, a)
+}
+func (s slowStore) requeue(ctx context.Context, ref leaseRef, next attempt) (record, error) {
+	s.wait()
+	return s.store.requeue(ctx, ref, next)
+}
+func (s slowStore) release(ctx context.Context, ref leaseRef) error {
+	s.wait()
+	return s.store.release(ctx, ref)
+}
+
+// TestTurnPlanCommands: Clients that take turns at a key under steady
+// contention spend at most three commands an acquisition (issue 15): the
+// Unlock's requeue, the acquire that takes the key, and on average at
+// most one acquire that came too early. A requeued wait sends its
+// attempts when its turn is due (turn.go) instead of reading the document
+// to learn when it reaches the head; without that (flawNoTurnPlan, dlock
+// before turn.go) the same run costs more, which shows the check has
+// teeth. The commands are counted after a few rounds, once the waits
+// have learnt how long a turn is. (The order of the turns is checked by
+// TestFairQueueNoStarvation and, on every write, by the simulation.)
+func TestTurnPlanCommands(t *testing.T) {
+	const (
+		n      = 6
+		warmup = 10
+		rounds = 50
+		hold   = 20 * time.Millisecond
+		rtt    = time.Millisecond
+	)
+	for _, tc := range []struct {
+		name      string
+		opts      []Option
+		wantCheap bool
+	}{
+		{"turn plan", nil, true},
+		{"no turn plan", []Option{withFlaw(flawNoTurnPlan)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := newMemStore()
+				var hs []*hooked
+				var ms []*Mutex
+				for range n {
+					c, h := memClient(t, slowStore{st, rtt}, tc.opts...)
+					hs = append(hs, h)
+					ms = append(ms, c.NewMutex("k"))
+				}
+				count := func() map[string]int {
+					m := map[string]int{}
+					for _, h := range hs {
+						for _, op := range []string{"acquire", "read", "register", "requeue", "release", "reap", "handoff"} {
+							m[op] += h.count(op)
+						}
+					}
+					return m
+				}
+				ringRounds(t, ms, warmup, hold) // the waits learn how long a turn is
+				before := count()
+				order := ringRounds(t, ms, rounds, hold)
+				require.Len(t, order, n*rounds)
+				cmds := 0
+				for op, k := range count() {
+					cmds += k - before[op]
+					t.Logf("%s: %d", op, k-before[op])
+				}
+				per := float64(cmds) / float64(len(order))
+				t.Logf("%d commands for %d acquisitions: %.2f each", cmds, len(order), per)
+				assert.Equal(t, tc.wantCheap, per <= 3, "at most 3 commands an acquisition: %.2f", per)
+			})
+		})
+	}
+}
+
+// TestTookTurn: how a requeued wait's outcome moves the next one's aim.
+func TestTookTurn(t *testing.T) {
+	cfg := defaultConfig()
+	joined := time.Unix(1000, 0)
+	const k = 4
+	plan := func(p *pacing) turnPlan { return p.planTurn(joined, k, 10*time.Millisecond, &cfg) }
+	t.Run("first guess is the hold", func(t *testing.T) {
+		var p pacing
+		tp := plan(&p)
+		require.True(t, tp.on)
+		assert.Equal(t, joined.Add(k*10*time.Millisecond), tp.next)
+	})
+	t.Run("no plan with no one ahead", func(t *testing.T) {
+		var p pacing
+		assert.False(t, p.planTurn(joined, 0, 10*time.Millisecond, &cfg).on)
+	})
+	t.Run("first attempt took it: earlier, towards the hold", func(t *testing.T) {
+		p := pacing{turn: 30 * time.Millisecond, busy: 10 * time.Millisecond}
+		tp := p.planTurn(joined, k, 10*time.Millisecond, &cfg)
+		p.tookTurn(tp, tp.next.Add(time.Millisecond))
+		// Half way down to 1.25 holds: 30 - (30-12.5)/2.
+		assert.Equal(t, 21250*time.Microsecond, p.turn)
+		tp = p.planTurn(joined, k, 10*time.Millisecond, &cfg)
+		p.tookTurn(tp, tp.next.Add(time.Millisecond))
+		assert.Equal(t, 16875*time.Microsecond, p.turn)
+		for range 20 { // near 1.25 holds, by half retry intervals, towards the hold itself
+			tp = p.planTurn(joined, k, 10*time.Millisecond, &cfg)
+			p.tookTurn(tp, tp.next.Add(time.Millisecond))
+		}
+		assert.Less(t, p.turn, 12*time.Millisecond)
+	})
+	t.Run("first attempt failed: later, not past when it took the key", func(t *testing.T) {
+		p := pacing{turn: 10 * time.Millisecond, busy: 10 * time.Millisecond}
+		tp := p.planTurn(joined, k, 10*time.Millisecond, &cfg)
+		sent := tp.next
+		tp.miss(sent, sent.Add(time.Millisecond))
+		took := tp.next.Add(time.Millisecond)
+		p.tookTurn(tp, took)
+		assert.Greater(t, p.turn, 10*time.Millisecond)
+		assert.LessOrEqual(t, joined.Add(k*p.turn), took, "aims past when the key was taken")
+		for range 20 { // failing again and again: later each time, but never past that
+			tp = p.planTurn(joined, k, 10*time.Millisecond, &cfg)
+			tp.miss(tp.next, tp.next)
+			p.tookTurn(tp, took)
+			assert.LessOrEqual(t, joined.Add(k*p.turn), took)
+		}
+	})
+	t.Run("retries end the plan", func(t *testing.T) {
+		var p pacing
+		tp := plan(&p)
+		for range turnRetries {
+			require.True(t, tp.on)
+			tp.miss(tp.next, tp.next)
+		}
+		assert.False(t, tp.on)
+	})
+}
