@@ -36,6 +36,10 @@ type pacing struct {
 	every  time.Duration // guarded by mu: how often the key changes hands, estimated
 	turn   time.Duration // guarded by mu: a requeued wait's turn, per waiter ahead, as learnt (turn.go)
 	busy   time.Duration // guarded by mu: how long its holds last, from acquire to release, on average (turn.go)
+	rtt    time.Duration // guarded by mu: the round trip of its acquires that took the key, on average (keep.go)
+	held   time.Time     // guarded by mu: when its last Lock took the key
+	batch  time.Time     // guarded by mu: when the acquire was sent that began its last run of holds (keep.go)
+	kept   bool          // guarded by mu: its last Lock took a hold its Unlock kept (keep.go)
 	late   int           // guarded by mu: requeued waits in a row whose first attempt failed
 
 	unlocked time.Time // guarded by mu: when the last Unlock began (requeue.go)
@@ -328,7 +332,9 @@ func kindError(key, want, got string) error {
 // once; otherwise it first tries to take the key, one command when the key
 // is free.
 //
-// A wait that adopted a requeued registration sends no command until its
+// A Lock whose Mutex's last Unlock kept its hold (keep.go) first takes
+// that hold over, one command. A wait that adopted a requeued registration
+// sends no command until its
 // turn is due, then acquire attempts, whatever its place as last seen
 // (turn.go); after turnRetries early ones, or any other failure, it polls
 // as other waits do. The head polls with acquire attempts, one command
@@ -369,7 +375,30 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 	}
 	ew.hasty = c.cfg.flaw == flawReapLive
 	queues := !try && c.queues(a.kind)
-	pr := c.adopt(a) // a registration the last Unlock made for this call (requeue.go)
+	if h := c.takeKept(a); h != nil { // a hold the last Unlock kept for this call (keep.go)
+		next := a
+		next.barge = true // its turn goes on: the queue was passed by the hold's own acquire
+		sent := c.clock.Now()
+		r, err := c.store.handoff(ctx, h.ref(), next)
+		switch {
+		case err == nil:
+			l, gerr := c.grant(cl, a, r.Token, roleExclusive, sent)
+			if gerr == nil {
+				cl.pace.took(sent, c.clock.Now(), true)
+				return l, 1, nil
+			}
+			if errors.Is(gerr, ErrClosed) {
+				return nil, 1, ErrClosed
+			}
+			unsure = true // answered too late to rely on: the hold is a's, which the next attempt renews
+		case !errors.Is(err, errNotOwner):
+			unsure, lastErr = true, err // it may have applied: the next attempt finds the hold a's
+		}
+	}
+	var pr *prereg
+	if !unsure {
+		pr = c.adopt(a) // a registration the last Unlock made for this call (requeue.go)
+	}
 	if pr != nil {
 		a.hold = pr.a.hold
 	}
@@ -427,6 +456,7 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 					cl.pace.sawToken(r.Token, c.clock.Now())
 					cl.pace.sawQueue(r.Queue)
 					cl.pace.tookTurn(tp, c.clock.Now())
+					cl.pace.took(sent, c.clock.Now(), false)
 					if polls != nil || q.reg != nil {
 						cl.pace.ended(polls.lastOrZero(), c.clock.Now())
 					}

@@ -37,6 +37,7 @@ type Client struct {
 	mu      sync.Mutex
 	slots   map[string]*slot    // guarded by mu
 	preregs map[string]*prereg  // guarded by mu: registrations requeued by an Unlock, for the next Lock (requeue.go)
+	kept    map[string]*kept    // guarded by mu: holds kept by an Unlock, for the next Lock (keep.go)
 	readers map[string]*readers // guarded by mu: RWMutex shared holds by key
 	closing chan struct{}       // closed by Close
 	calls   tracker             // guarded by mu: Lock, TryLock and Release calls under way; closed by Close
@@ -134,7 +135,7 @@ func newClientOn(newStore func(*telemetry) store, opts ...Option) (*Client, erro
 	}
 	c := &Client{
 		cfg: cfg, owner: cfg.owner, clock: cfg.clock, tel: tel,
-		slots: map[string]*slot{}, preregs: map[string]*prereg{}, readers: map[string]*readers{}, closing: make(chan struct{}),
+		slots: map[string]*slot{}, preregs: map[string]*prereg{}, kept: map[string]*kept{}, readers: map[string]*readers{}, closing: make(chan struct{}),
 		observations: map[string]*observation{},
 	}
 	c.tidyCtx, c.tidyCancel = context.WithCancel(context.Background())
@@ -480,6 +481,10 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 		cl := rq.requeueClaim()
 		defer func() { cl.pace.unlockedAt(c.clock.Now()) }()
 		if cl.pace.unlocking(c.clock.Now(), cl.cfg) {
+			if c.cfg.flaw != flawNoTurnPlan && cl.pace.keeping(c.clock.Now(), cl.cfg) && c.keep(l, cl) {
+				c.leave(l.key)
+				return nil
+			}
 			done, err := c.requeue(ctx, l, cl)
 			if done {
 				c.leave(l.key)

@@ -166,12 +166,14 @@
 // acquire. Within a Client, calls for one key queue in the Client first
 // and one of them at a time waits in the document; an Unlock hands the
 // key to the Client's next caller only while no other Client is
-// registered, else it frees the key for the head. So, as a bound: a
-// waiter registered behind k others gets the key after at most k+1 holds
-// (the current one and one each of those ahead), each followed by the
-// head's next poll, at most the maximum backoff after the key is freed;
-// a waiter ahead that crashed or was cut off delays it by at most that
-// waiter's TTL, after which its registration is cleared. A waiter stays
+// registered, else it frees the key for the head; a Mutex's Unlock may
+// keep a short hold for the Mutex's own next Lock, once (the keep, below).
+// So, as a bound: a waiter registered behind k others gets the key after
+// at most 2(k+1) holds (the current one and one each of those ahead, and
+// for each of them at most one kept hold after it), each followed by the
+// next holder's attempt, at most the maximum backoff after the key is
+// freed; a waiter ahead that crashed or was cut off delays it by at most
+// that waiter's TTL, after which its registration is cleared. A waiter stays
 // registered as long as its Client extends its registration (as it
 // extends its leases); one that could not for a TTL may have been
 // cleared, and registers again at the back. A call whose context ends
@@ -193,6 +195,21 @@
 // unused registration is removed it holds up those behind it once it
 // reaches the head: at most the minimum backoff plus a round trip, and,
 // for a Client that crashed meanwhile, its TTL, as for any waiter.
+//
+// A Mutex's Unlock under the same conditions keeps the hold instead, if
+// the hold was short and was not itself kept (the keep): it sends no
+// write, the hold stays in the document (the Client extends it; nothing
+// relies on it), and the Mutex's next Lock takes it over in one write, a
+// new hold with a new token, as a handoff between goroutines of one
+// Client is. The Unlock after that one requeues. So a Client that loops
+// takes two turns in a row, and the hand-overs between Clients, each of
+// which costs a release, an acquire and the time the key waits for the
+// next holder's attempt, are halved. A hold is short when it lasted less
+// than 32 round trips of the Mutex's acquires (each counted as at least a
+// 32nd of the minimum backoff): when a hand-over costs more than about a
+// tenth of a turn. A kept hold that no Lock takes within the minimum
+// backoff is released in the background (and by Close), so it holds up
+// the queue for at most that, plus a round trip.
 //
 // A requeued Lock knows when it joined the queue and how many waiters
 // were ahead of it, so it sends no command until its turn is due: k turns
@@ -250,10 +267,12 @@
 // poll that finds the key free takes it, and the waiters behind it poll by
 // reading the document. A Lock whose primitive waited less than a TTL ago
 // registers at once, without a first attempt. A Client that loops Lock,
-// work, Unlock under steady contention spends the Unlock's write (which
-// also queues its next Lock), the acquire that takes the key, and its
-// early attempts: measured, 2.6 to 3.3 commands an acquisition (README,
-// "Fairness across processes"). A registered waiter's acquire does not
+// work, Unlock under steady contention spends, every two turns, the
+// Unlock's write that requeues its next Lock, the acquire that takes the
+// key, its early attempts, and the handoff that takes the kept hold (the
+// Unlock that keeps it sends nothing): measured, 1.7 to 2.5 commands an
+// acquisition with short holds, about 3 with holds too long to keep
+// (README, "Fairness across processes"). A registered waiter's acquire does not
 // upsert (its document exists), so an early one costs the server no
 // failed insert. The uncontended Lock and
 // Unlock filter on w (no waiter registered) and write nothing more.
@@ -407,16 +426,22 @@ package dlock
 //     complete from its registration's reply on: queue numbers come from
 //     a compare-and-set on wq, so every waiter with a smaller number was
 //     in the document when it registered, and every later registration
-//     gets a greater one. So the gate holds exactly for the head of the
+//     gets a greater one (a registration filters wq <= G and sets wq and
+//     its q to G+1, for a guess G at or above the counter: the numbers
+//     grow in the order registrations apply, whatever the guesses). So
+//     the gate holds exactly for the head of the
 //     queue, once the waiters ahead have taken the key or been cleared,
 //     and a stale view costs a failed attempt, never the order. A handoff
-//     within a Client carries the unregistered gate; a takeover of the
-//     whole record carries the taker's gate too, and leaves w alone
-//     (registrations have their own liveness, rule 3, and no revision).
-//     Nothing else takes an exclusive hold, so while waiter W is
-//     registered, every new hold belongs to a waiter that was ahead of W
-//     when W registered: W waits for at most that many holds, plus the one
-//     under way. The simulation checks exactly this on every write.
+//     within a Client carries the unregistered gate, except the keep's
+//     (keep.go): a Mutex's next Lock taking over the hold its Unlock kept,
+//     which carries none, and which the Client makes only after a hold it
+//     did not keep. A takeover of the whole record carries the taker's
+//     gate too, and leaves w alone (registrations have their own
+//     liveness, rule 3, and no revision). Nothing else takes an exclusive
+//     hold, so while waiter W is registered, every new hold belongs to a
+//     waiter that was ahead of W when W registered, or is a keep that
+//     follows a hold that was not: W waits for at most twice as many
+//     holds, plus two. The simulation checks exactly this on every write.
 //
 // Costs this design keeps: an uncontended exclusive Lock or Unlock of an
 // existing key is one command that writes no fields beyond those above

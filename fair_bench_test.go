@@ -12,6 +12,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
 // BenchmarkFairness measures how fairly separate Clients (as separate
@@ -114,6 +118,7 @@ type fairAcq struct {
 // made by the previous acquisition's Client); and how long Lock waited.
 func runFairness(b *testing.B, r fairRow, variant string, opts ...Option) {
 	coll := newColl(b)
+	floor := floorRTT(b, coll)
 	var ops opCounts
 	opts = append(opts, withStoreWrapper(func(s store) store { return &countingStore{store: s, n: &ops} }))
 	clients := make([]*Client, r.clients)
@@ -199,6 +204,36 @@ func runFairness(b *testing.B, r fairRow, variant string, opts ...Option) {
 	b.Logf("| %s | %s | %.1f | %.0f %% | %d–%d | %.1f / %.1f / %.1f ms | %.2f |",
 		r.label(), variant, acqPerSec, samePct, lo, hi, p50, p99, longest, cmdsPerAcq)
 	b.Logf("per acquisition: %s", ops.per(n))
+	bound := 2 * time.Duration(r.clients) * (r.hold + 2*floor)
+	b.Logf("issue 15's wait bound 2 × %d × (%v + 2 × %v floor round trip) = %.1f ms: p99 %s, max %s (twice the bound: %.1f ms)",
+		r.clients, r.hold, floor.Round(10*time.Microsecond), fairMs(bound), within(p99, bound), within(longest, 2*bound), fairMs(2*bound))
+}
+
+// within says whether ms milliseconds is at most bound.
+func within(ms float64, bound time.Duration) string {
+	if ms <= fairMs(bound) {
+		return "within"
+	}
+	return "OVER"
+}
+
+// floorRTT is the floor of a round trip to the server for a lock write: the
+// median of 50 findOneAndUpdate upserts of one document by the raw driver,
+// one at a time, before the row's Clients start.
+func floorRTT(b *testing.B, coll *mongo.Collection) time.Duration {
+	ctx := context.Background()
+	rtts := make([]time.Duration, 50)
+	for i := range rtts {
+		sent := time.Now()
+		err := coll.FindOneAndUpdate(ctx, bson.D{{Key: "_id", Value: "floor-rtt"}},
+			bson.D{{Key: "$inc", Value: bson.D{{Key: "n", Value: 1}}}}, options.FindOneAndUpdate().SetUpsert(true)).Err()
+		if err != nil && !errors.Is(err, mongo.ErrNoDocuments) {
+			b.Fatal(err)
+		}
+		rtts[i] = time.Since(sent)
+	}
+	slices.Sort(rtts)
+	return rtts[len(rtts)/2]
 }
 
 // opCounts counts a row's store operations by kind, to show where its
@@ -267,7 +302,8 @@ func (s *countingStore) read(ctx context.Context, key string) (record, error) {
 }
 
 func (s *countingStore) release(ctx context.Context, ref leaseRef) error {
-	s.n.add("release")
+	sent := time.Now()
+	defer func() { s.n.took("release", time.Since(sent)) }()
 	return s.store.release(ctx, ref)
 }
 
@@ -283,7 +319,8 @@ func (s *countingStore) requeue(ctx context.Context, ref leaseRef, next attempt)
 }
 
 func (s *countingStore) handoff(ctx context.Context, ref leaseRef, next attempt) (record, error) {
-	s.n.add("handoff")
+	sent := time.Now()
+	defer func() { s.n.took("handoff", time.Since(sent)) }()
 	return s.store.handoff(ctx, ref, next)
 }
 

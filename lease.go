@@ -33,6 +33,7 @@ type Lease struct {
 	ttl      time.Duration
 	every    time.Duration
 	acquired time.Time     // on the Client's clock: when the acquire (or handoff) that made the hold was sent
+	quiet    bool          // an internal hold (keep.go): its end is not reported to telemetry
 	maxHold  time.Duration // WithMaxHold; 0 for no cap
 	holdEnd  time.Time     // with maxHold: acquired+maxHold, which the deadline never passes; else zero
 	stop     time.Time     // with maxHold: holdEnd-ttl, after which no extension is sent; else zero
@@ -267,7 +268,7 @@ func (l *Lease) end(err error, lostCause string) bool {
 		l.cancel(err)
 	}
 	l.mu.Unlock()
-	if l.c.ext.remove(l) && l.role != roleWaiter {
+	if l.c.ext.remove(l) && l.role != roleWaiter && !l.quiet {
 		l.c.tel.endLease(l, l.c.clock.Now().Sub(l.acquired), lostCause, err)
 	}
 	return true
@@ -278,6 +279,15 @@ func (l *Lease) ended() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.err
+}
+
+// lastSent is when the last write that the deadline counts from was sent
+// (the acquire's, or the last extension's): a lease made from this one
+// with that time as its send is relied on no longer than this one.
+func (l *Lease) lastSent() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deadline.Add(-holdFor(l.ttl))
 }
 
 // extended records a successful extension sent at sent. The deadline

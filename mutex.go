@@ -82,6 +82,14 @@ func (m *Mutex) TryLock(ctx context.Context) error {
 // Unlock releases the Mutex's lease (see [Lease.Release]). It returns
 // [ErrNotHeld] when the Mutex holds no lease, and a [*LeaseLostError], at
 // once, when the lease was lost.
+//
+// Under contention, when the Mutex is locked again as soon as it is
+// unlocked, Unlock may queue the Mutex's next Lock in its release's write,
+// or keep a short hold for that Lock, which then takes it over with a new
+// token in one write; a kept hold that no Lock takes within the minimum
+// backoff ([WithBackoff]) is released in the background. Either way the
+// lease has ended when Unlock returns. The package documentation
+// ("Fairness") has when, and the bound on other Clients' waits.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	if m == nil {
 		return ErrNotHeld

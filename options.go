@@ -282,7 +282,8 @@ const (
 	flawReapLive                  // a waiter clears shared holds and registrations without waiting out their TTL
 	flawUnfair                    // exclusive waiters do not queue in the document: every poll races (dlock before fair queueing)
 	flawQueueJump                 // exclusive waiters register in the queue, but every attempt ignores it
-	flawNoTurnPlan                // a requeued wait polls as any other (dlock before turn.go): for benchmarks, not a fault
+	flawNoTurnPlan                // a requeued wait polls as any other and no Unlock keeps its hold (dlock before turn.go and keep.go): for benchmarks, not a fault
+	flawKeepAlways                // an Unlock under contention keeps its hold even when its Lock took a kept one: a Client takes every turn in a row
 )
 
 // withFlaw makes the Client's logic deliberately unsound; tests only.

@@ -30,7 +30,7 @@ type prereg struct {
 	a     attempt       // its attempt: the adopting Lock's hold id, kind and TTL
 	r     record        // the record the requeue wrote
 	at    time.Time     // when its reply came: when the adopting Lock joined the queue
-	busy  time.Duration // how long the hold it ended lasted, from its acquire's send to at
+	busy  time.Duration // how long the holds it ended lasted, from their first acquire's send to at
 	taken chan struct{} // closed when a Lock adopts it
 }
 
@@ -95,7 +95,7 @@ func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) 
 		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, reg.ref()) })
 		return true, nil
 	}
-	pr := &prereg{reg: reg, a: a, r: r, at: at, busy: at.Sub(l.acquired), taken: make(chan struct{})}
+	pr := &prereg{reg: reg, a: a, r: r, at: at, busy: at.Sub(cl.pace.batchSince(l.acquired)), taken: make(chan struct{})}
 	c.mu.Lock()
 	old := c.preregs[a.key]
 	c.preregs[a.key] = pr

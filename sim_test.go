@@ -382,7 +382,16 @@ func drawSimPlan(t *rapid.T, drift float64, mode simMode) simPlan {
 			}
 			c.faults = append(c.faults, f)
 		}
-		for range rapid.IntRange(3, 10).Draw(t, "ops") {
+		// A looper locks again as soon as it unlocks, with short holds,
+		// as a Client under steady contention does: its Unlocks requeue
+		// it and keep the key (keep.go).
+		looper := rapid.IntRange(0, 2).Draw(t, "looper") == 0
+		nops := rapid.IntRange(3, 10).Draw(t, "ops")
+		if looper {
+			nops *= 2
+			c.mutexes = 1
+		}
+		for range nops {
 			op := simOp{
 				gap:     scale("gap", 0, time.Millisecond, 100*time.Millisecond, time.Second, simClientTTL),
 				try:     rapid.IntRange(0, 4).Draw(t, "try") == 0,
@@ -398,6 +407,10 @@ func drawSimPlan(t *rapid.T, drift float64, mode simMode) simPlan {
 			op.read = p.mode == simRW && rapid.IntRange(0, 2).Draw(t, "read") > 0
 			if rapid.IntRange(0, 3).Draw(t, "cutWhileHolding") == 0 {
 				op.cut = scale("cutFor", simClientTTL/2, simClientTTL, 3*simClientTTL)
+			}
+			if looper {
+				op.gap, op.try, op.prune = 0, false, false
+				op.hold = scale("loopHold", 0, time.Millisecond, 10*time.Millisecond)
 			}
 			c.ops = append(c.ops, op)
 		}
@@ -443,6 +456,9 @@ type simChecker struct {
 	// queueOrder. Guarded by the store's mu (the store's observe hook
 	// alone touches it), not by mu.
 	queue map[string]map[string]map[string]bool
+	// kept is, per key, whether its current hold was a keep (see
+	// queueOrder). Guarded as queue.
+	kept map[string]bool
 }
 
 // queueOrder checks one write to key, from the store's observe hook (with
@@ -455,6 +471,12 @@ type simChecker struct {
 // waiter whose entry is written again with a new queue number (its
 // registration was lost, and it registered again) counts as registered
 // anew, behind everyone there.
+//
+// The exception is a keep (keep.go): a new hold of the owner that held the
+// key just before, taken from that hold directly while waiters were
+// registered (a handoff between goroutines of one Client needs no waiter
+// registered). It may go past the queue, but not twice in a row: a waiter
+// then waits for at most two holds for each one ahead of it, plus two.
 func (k *simChecker) queueOrder(key string, before, after record) {
 	q := k.queue[key]
 	if q == nil {
@@ -463,11 +485,17 @@ func (k *simChecker) queueOrder(key string, before, after record) {
 	}
 	if after.Owner != "" && (after.Owner != before.Owner || after.Hold != before.Hold) {
 		holder := holdKey(after.Owner, after.Hold)
+		keep := before.Owner == after.Owner && len(before.Waiters) > 0
+		if k.kept == nil {
+			k.kept = map[string]bool{}
+		}
+		keptTwice := keep && k.kept[key]
+		k.kept[key] = keep
 		k.mu.Lock()
 		checked := false
 		for w, ahead := range q {
 			e, still := after.Waiters[w]
-			if !still || w == holder {
+			if !still || w == holder || keep && !keptTwice {
 				continue
 			}
 			checked = true
@@ -975,6 +1003,7 @@ func TestSimulationCatchesFlaws(t *testing.T) {
 		{"permits cleared without waiting out their TTL (Semaphore)", flawReapLive, nil, MaxClockDrift, simSem, 3000},
 		{"shared deadline counted from the reply (RWMutex)", flawDeadlineFromReply, nil, MaxClockDrift, simRW, 3000},
 		{"waiters jump the queue", flawQueueJump, nil, MaxClockDrift, simMutex, 100},
+		{"an Unlock keeps the key turn after turn", flawKeepAlways, nil, MaxClockDrift, simMutex, 3000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			runs, found := 0, ""

@@ -1,0 +1,139 @@
+package dlock
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// keptBy sets up a hold that a's Unlock keeps (keep.go): b holds the key,
+// a waits for it, then a locks and unlocks twice in a row with short holds;
+// the second Unlock keeps the hold (its Lock came at once after the
+// Unlock before it, and the Mutex waited less than a TTL ago). It returns
+// a's Mutex and the token of the kept hold. Call it inside a bubble.
+func keptBy(t *testing.T, ma, mb *Mutex) Token {
+	ctx := context.Background()
+	require.NoError(t, mb.Lock(ctx))
+	aErr := make(chan error, 1)
+	go func() { aErr <- ma.Lock(ctx) }()
+	synctest.Wait()
+	require.NoError(t, mb.Unlock(ctx))
+	require.NoError(t, <-aErr)
+	require.NoError(t, ma.Unlock(ctx)) // not soon after an Unlock: released
+	require.NoError(t, ma.Lock(ctx))
+	tok := ma.Lease().Token()
+	require.NoError(t, ma.Unlock(ctx)) // kept
+	return tok
+}
+
+// TestKeep: an Unlock under contention keeps a short hold for its
+// Mutex's next Lock, which takes it in one write with a new token; a
+// kept hold no Lock takes within the requeue window is released; Close
+// releases a kept hold.
+func TestKeep(t *testing.T) {
+	t.Run("the next Lock takes it", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			st := newMemStore()
+			a, ha := memClient(t, st)
+			b, _ := memClient(t, st)
+			ma := a.NewMutex("k")
+			tok := keptBy(t, ma, b.NewMutex("k"))
+			r := holder(st, "k")
+			require.Equal(t, a.owner, r.Owner, "the Unlock kept the hold")
+			require.Equal(t, tok, r.Token)
+			assert.Nil(t, ma.Lease(), "the Mutex holds nothing after its Unlock")
+			cmds := ha.count("acquire") + ha.count("handoff")
+			require.NoError(t, ma.Lock(context.Background()))
+			assert.Equal(t, cmds+1, ha.count("acquire")+ha.count("handoff"), "one command")
+			assert.Equal(t, 1, ha.count("handoff"))
+			assert.Greater(t, ma.Lease().Token(), tok, "a new token")
+			require.NoError(t, ma.Unlock(context.Background()))
+		})
+	})
+	t.Run("released after the window", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			st := newMemStore()
+			a, ha := memClient(t, st)
+			b, _ := memClient(t, st)
+			keptBy(t, a.NewMutex("k"), b.NewMutex("k"))
+			releases := ha.count("release")
+			time.Sleep(requeueWindow(&a.cfg))
+			synctest.Wait()
+			assert.Equal(t, "", holder(st, "k").Owner, "the kept hold is still there after the window")
+			assert.Equal(t, releases+1, ha.count("release"))
+		})
+	})
+	t.Run("a waiter gets it after the window", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			st := newMemStore()
+			a, _ := memClient(t, st)
+			b, _ := memClient(t, st)
+			ma, mb := a.NewMutex("k"), b.NewMutex("k")
+			ctx := context.Background()
+			require.NoError(t, mb.Lock(ctx))
+			aErr := make(chan error, 1)
+			go func() { aErr <- ma.Lock(ctx) }()
+			synctest.Wait()
+			require.NoError(t, mb.Unlock(ctx))
+			require.NoError(t, <-aErr)
+			require.NoError(t, ma.Unlock(ctx))
+			require.NoError(t, ma.Lock(ctx))
+			bErr := make(chan error, 1)
+			go func() { bErr <- mb.Lock(ctx) }()
+			synctest.Wait() // b waits, registered
+			unlocked := time.Now()
+			require.NoError(t, ma.Unlock(ctx)) // kept: a does not lock again
+			require.Equal(t, a.owner, holder(st, "k").Owner)
+			require.NoError(t, <-bErr)
+			assert.Less(t, time.Since(unlocked), requeueWindow(&a.cfg)+fairPoll, "b waited for a hold no one used")
+			require.NoError(t, mb.Unlock(ctx))
+		})
+	})
+	t.Run("Close releases it", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			st := newMemStore()
+			a, _ := memClient(t, st)
+			b, _ := memClient(t, st)
+			keptBy(t, a.NewMutex("k"), b.NewMutex("k"))
+			require.NoError(t, a.Close(context.Background()))
+			assert.Equal(t, "", holder(st, "k").Owner, "Close left the kept hold")
+		})
+	})
+}
+
+// TestKeepTurns: Clients that take turns at a key with short holds take
+// two turns in a row, never more, once they keep their holds.
+func TestKeepTurns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		const n = 3
+		var ms []*Mutex
+		var hs []*hooked
+		for range n {
+			c, h := memClient(t, slowStore{st, time.Millisecond})
+			ms = append(ms, c.NewMutex("k"))
+			hs = append(hs, h)
+		}
+		order := ringRounds(t, ms, 40, time.Millisecond)
+		run, longest := 1, 1
+		for i := 1; i < len(order); i++ {
+			if order[i] == order[i-1] {
+				run++
+			} else {
+				run = 1
+			}
+			longest = max(longest, run)
+		}
+		handoffs := 0
+		for _, h := range hs {
+			handoffs += h.count("handoff")
+		}
+		t.Logf("%d acquisitions, %d of them kept holds; longest run of one Client %d", len(order), handoffs, longest)
+		assert.Greater(t, handoffs, len(order)/4, "too few kept holds")
+		assert.LessOrEqual(t, longest, 2, "a Client took more than two turns in a row: %v", order)
+	})
+}
