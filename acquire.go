@@ -375,7 +375,8 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 	}
 	ew.hasty = c.cfg.flaw == flawReapLive
 	queues := !try && c.queues(a.kind)
-	if h := c.takeKept(a); h != nil { // a hold the last Unlock kept for this call (keep.go)
+	h := c.takeKept(a) // a hold the last Unlock kept for this call (keep.go)
+	if h != nil {
 		next := a
 		next.barge = true // its turn goes on: the queue was passed by the hold's own acquire
 		sent := c.clock.Now()
@@ -456,7 +457,9 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 					cl.pace.sawToken(r.Token, c.clock.Now())
 					cl.pace.sawQueue(r.Queue)
 					cl.pace.tookTurn(tp, c.clock.Now())
-					cl.pace.took(sent, c.clock.Now(), false)
+					// A call that sent a keep's handoff may hold by it (the
+					// attempt renews the same hold id): its Unlock keeps nothing.
+					cl.pace.took(sent, c.clock.Now(), h != nil)
 					if polls != nil || q.reg != nil {
 						cl.pace.ended(polls.lastOrZero(), c.clock.Now())
 					}

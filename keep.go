@@ -15,7 +15,7 @@ import (
 // When holds are short those are most of a turn. So a Client that loops
 // Lock, work, Unlock takes two turns in a row: the Unlock that ends a hold
 // its Lock waited for keeps the hold (no write; the hold stays in the
-// document, kept alive by the extender, and nothing relies on it), and
+// document until its lease's deadline, and nothing relies on it), and
 // the next Lock hands it to itself, a new hold with a new token (one
 // write, as a handoff between goroutines of one Client). The Unlock after
 // that one requeues as usual. Hand-overs, and their cost, are halved; a
@@ -25,8 +25,10 @@ import (
 // Only a short hold is kept: one that lasted less than keepFactor round
 // trips of the primitive's acquires, for which the cost of a hand-over is
 // more than about a tenth of the turn. If no Lock comes within the requeue
-// window, the kept hold is released in the background; Close releases it
-// with the other leases.
+// window, or Close begins, the kept hold is released in the background
+// (Close waits for that write). The extender does not extend a kept hold:
+// the window is far shorter than the time left on its lease, and a Lock
+// that comes after the lease's deadline does not take it over.
 
 // keepFactor: a hold is kept when it lasted less than keepFactor round
 // trips of its primitive's acquires.
@@ -34,7 +36,7 @@ const keepFactor = 32
 
 // A kept is a hold an Unlock kept for its primitive's next Lock.
 type kept struct {
-	hold  *Lease        // the kept hold, extended by the extender; no call relies on it
+	hold  *Lease        // the kept hold; no call relies on it, and the extender does not extend it
 	kind  string        // its primitive's kind and TTL: a Lock of another takes no kept hold
 	ttl   time.Duration //
 	taken chan struct{} // closed when a Lock takes it
@@ -88,8 +90,7 @@ func (p *pacing) keeping(now time.Time, cfg *config) bool {
 func (c *Client) keep(l *Lease, cl claim) bool {
 	a := attempt{key: l.key, owner: c.owner, hold: l.hold, ttl: l.ttl, kind: cl.spec.kind}
 	h := c.newLease(nil, cl.cfg, a, l.token, roleExclusive, l.lastSent())
-	h.quiet = true // not a hold of the caller's: no telemetry of its own
-	if h.Err() != nil || !c.ext.add(h) {
+	if h.Err() != nil || c.isClosing() {
 		return false
 	}
 	k := &kept{hold: h, kind: a.kind, ttl: a.ttl, taken: make(chan struct{})}
@@ -108,8 +109,7 @@ func (c *Client) keep(l *Lease, cl claim) bool {
 		case <-t.C:
 		case <-k.taken:
 			return
-		case <-c.closing: // Close releases the hold with the other leases
-			return
+		case <-c.closing:
 		}
 		c.mu.Lock()
 		mine := c.kept[a.key] == k
@@ -124,11 +124,11 @@ func (c *Client) keep(l *Lease, cl claim) bool {
 	return true
 }
 
-// unkeep ends kept hold k and releases it, with a context of its own.
+// unkeep ends kept hold k and releases it, with a context of its own (the
+// release is conditional on the hold, so it frees nothing once the hold
+// was taken over).
 func (c *Client) unkeep(k *kept) {
-	if !k.hold.end(ErrReleased, "") {
-		return
-	}
+	k.hold.end(ErrReleased, "")
 	ctx, cancel := context.WithTimeout(c.tidyCtx, min(k.ttl, cleanupTimeout))
 	defer cancel()
 	c.store.release(ctx, k.hold.ref())
@@ -136,7 +136,8 @@ func (c *Client) unkeep(k *kept) {
 
 // takeKept returns the hold an Unlock kept for an exclusive acquire of a's
 // key, kind and TTL, or nil when there is none; it is ended (the caller
-// hands it over). One of another kind or TTL is released.
+// hands it over). One of another kind or TTL, or past its lease's
+// deadline, is released.
 func (c *Client) takeKept(a attempt) *Lease {
 	c.mu.Lock()
 	k := c.kept[a.key]
@@ -146,9 +147,10 @@ func (c *Client) takeKept(a attempt) *Lease {
 		return nil
 	}
 	close(k.taken)
-	if k.kind != a.kind || k.ttl != a.ttl || !k.hold.end(ErrReleased, "") {
+	if k.kind != a.kind || k.ttl != a.ttl || k.hold.Err() != nil {
 		c.tidy(k.ttl, func(context.Context) { c.unkeep(k) })
 		return nil
 	}
+	k.hold.end(ErrReleased, "")
 	return k.hold
 }

@@ -33,7 +33,6 @@ type Lease struct {
 	ttl      time.Duration
 	every    time.Duration
 	acquired time.Time     // on the Client's clock: when the acquire (or handoff) that made the hold was sent
-	quiet    bool          // an internal hold (keep.go): its end is not reported to telemetry
 	maxHold  time.Duration // WithMaxHold; 0 for no cap
 	holdEnd  time.Time     // with maxHold: acquired+maxHold, which the deadline never passes; else zero
 	stop     time.Time     // with maxHold: holdEnd-ttl, after which no extension is sent; else zero
@@ -268,7 +267,7 @@ func (l *Lease) end(err error, lostCause string) bool {
 		l.cancel(err)
 	}
 	l.mu.Unlock()
-	if l.c.ext.remove(l) && l.role != roleWaiter && !l.quiet {
+	if l.c.ext.remove(l) && l.role != roleWaiter {
 		l.c.tel.endLease(l, l.c.clock.Now().Sub(l.acquired), lostCause, err)
 	}
 	return true

@@ -474,9 +474,10 @@ type simChecker struct {
 //
 // The exception is a keep (keep.go): a new hold of the owner that held the
 // key just before, taken from that hold directly while waiters were
-// registered (a handoff between goroutines of one Client needs no waiter
-// registered). It may go past the queue, but not twice in a row: a waiter
-// then waits for at most two holds for each one ahead of it, plus two.
+// registered, and not by a registered waiter of that owner (a handoff
+// between goroutines of one Client needs no waiter registered). It may go
+// past the queue, but not twice in a row: a waiter then waits for at most
+// two holds for each one ahead of it, plus two.
 func (k *simChecker) queueOrder(key string, before, after record) {
 	q := k.queue[key]
 	if q == nil {
@@ -485,7 +486,8 @@ func (k *simChecker) queueOrder(key string, before, after record) {
 	}
 	if after.Owner != "" && (after.Owner != before.Owner || after.Hold != before.Hold) {
 		holder := holdKey(after.Owner, after.Hold)
-		keep := before.Owner == after.Owner && len(before.Waiters) > 0
+		_, waited := before.Waiters[holder] // a registered waiter's acquire: in the queue's order
+		keep := before.Owner == after.Owner && len(before.Waiters) > 0 && !waited
 		if k.kept == nil {
 			k.kept = map[string]bool{}
 		}

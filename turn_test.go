@@ -42,12 +42,12 @@ func (s slowStore) release(ctx context.Context, ref leaseRef) error {
 
 // TestTurnPlanCommands: Clients that take turns at a key under steady
 // contention spend at most three commands an acquisition (issue 15): the
-// Unlock's requeue, the acquire that takes the key, and on average at
-// most one acquire that came too early. A requeued wait sends its
-// attempts when its turn is due (turn.go) instead of reading the document
-// to learn when it reaches the head; without that (flawNoTurnPlan, dlock
-// before turn.go) the same run costs more, which shows the check has
-// teeth. The commands are counted after a few rounds, once the waits
+// Unlock's requeue, the acquire that takes the key, the acquires that came
+// too early, and, every other turn, the handoff of a kept hold (keep.go).
+// A requeued wait sends its attempts when its turn is due (turn.go)
+// instead of reading the document to learn when it reaches the head;
+// without that and the keep (flawNoTurnPlan, dlock before turn.go and
+// keep.go) the same run costs more, which shows the check has teeth. The commands are counted after a few rounds, once the waits
 // have learnt how long a turn is. (The order of the turns is checked by
 // TestFairQueueNoStarvation and, on every write, by the simulation.)
 func TestTurnPlanCommands(t *testing.T) {
