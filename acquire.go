@@ -375,30 +375,19 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 	}
 	ew.hasty = c.cfg.flaw == flawReapLive
 	queues := !try && c.queues(a.kind)
-	h := c.takeKept(a) // a hold the last Unlock kept for this call (keep.go)
-	if h != nil {
-		next := a
-		next.barge = true // its turn goes on: the queue was passed by the hold's own acquire
-		sent := c.clock.Now()
-		r, err := c.store.handoff(ctx, h.ref(), next)
+	pr := c.pickUp(a) // what the last Unlock left for this call: a kept hold, or a registration
+	kept := pr != nil && pr.kept()
+	if kept {
+		l, err := c.resume(ctx, cl, a, pr.lease)
 		switch {
 		case err == nil:
-			l, gerr := c.grant(cl, a, r.Token, roleExclusive, sent)
-			if gerr == nil {
-				cl.pace.took(sent, c.clock.Now(), true)
-				return l, 1, nil
-			}
-			if errors.Is(gerr, ErrClosed) {
-				return nil, 1, ErrClosed
-			}
-			unsure = true // answered too late to rely on: the hold is a's, which the next attempt renews
+			return l, 1, nil
+		case errors.Is(err, ErrClosed):
+			return nil, 1, ErrClosed
 		case !errors.Is(err, errNotOwner):
-			unsure, lastErr = true, err // it may have applied: the next attempt finds the hold a's
+			unsure, lastErr = true, err // the hold may be a's: the next attempt renews it
 		}
-	}
-	var pr *prereg
-	if !unsure {
-		pr = c.adopt(a) // a registration the last Unlock made for this call (requeue.go)
+		pr = nil
 	}
 	if pr != nil {
 		a.hold = pr.a.hold
@@ -414,7 +403,7 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 			var joined time.Time   // when an adopted registration was made
 			var busy time.Duration // how long the hold before it lasted
 			if pr != nil {
-				r, q.reg, joined, busy, pr = pr.r, pr.reg, pr.at, pr.busy, nil
+				r, q.reg, joined, busy, pr = pr.r, pr.lease, pr.at, pr.busy, nil
 			} else {
 				enqueue = false
 				r, err = c.enqueue(ctx, cl, a, &q)
@@ -459,7 +448,7 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 					cl.pace.tookTurn(tp, c.clock.Now())
 					// A call that sent a keep's handoff may hold by it (the
 					// attempt renews the same hold id): its Unlock keeps nothing.
-					cl.pace.took(sent, c.clock.Now(), h != nil)
+					cl.pace.took(sent, c.clock.Now(), kept)
 					if polls != nil || q.reg != nil {
 						cl.pace.ended(polls.lastOrZero(), c.clock.Now())
 					}

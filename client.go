@@ -34,14 +34,13 @@ type Client struct {
 	ext   *extender
 	holds atomic.Int64 // the last hold id handed out (see attempt)
 
-	mu      sync.Mutex
-	slots   map[string]*slot    // guarded by mu
-	preregs map[string]*prereg  // guarded by mu: registrations requeued by an Unlock, for the next Lock (requeue.go)
-	kept    map[string]*kept    // guarded by mu: holds kept by an Unlock, for the next Lock (keep.go)
-	readers map[string]*readers // guarded by mu: RWMutex shared holds by key
-	closing chan struct{}       // closed by Close
-	calls   tracker             // guarded by mu: Lock, TryLock and Release calls under way; closed by Close
-	tidying tracker             // guarded by mu: background clean-up writes under way
+	mu        sync.Mutex
+	slots     map[string]*slot     // guarded by mu
+	leftovers map[string]*leftover // guarded by mu: what an Unlock left for the next Lock (requeue.go)
+	readers   map[string]*readers  // guarded by mu: RWMutex shared holds by key
+	closing   chan struct{}        // closed by Close
+	calls     tracker              // guarded by mu: Lock, TryLock and Release calls under way; closed by Close
+	tidying   tracker              // guarded by mu: background clean-up writes under way
 
 	observations map[string]*observation // guarded by mu: Election.Observe's pollers, by key
 	observing    tracker                 // guarded by mu: their goroutines (pollers and forwarders); closed by Close
@@ -135,7 +134,7 @@ func newClientOn(newStore func(*telemetry) store, opts ...Option) (*Client, erro
 	}
 	c := &Client{
 		cfg: cfg, owner: cfg.owner, clock: cfg.clock, tel: tel,
-		slots: map[string]*slot{}, preregs: map[string]*prereg{}, kept: map[string]*kept{}, readers: map[string]*readers{}, closing: make(chan struct{}),
+		slots: map[string]*slot{}, leftovers: map[string]*leftover{}, readers: map[string]*readers{}, closing: make(chan struct{}),
 		observations: map[string]*observation{},
 	}
 	c.tidyCtx, c.tidyCancel = context.WithCancel(context.Background())

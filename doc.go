@@ -198,8 +198,8 @@
 //
 // A Mutex's Unlock under the same conditions keeps the hold instead, if
 // the hold was short and was not itself kept (the keep): it sends no
-// write, the hold stays in the document (the Client extends it; nothing
-// relies on it), and the Mutex's next Lock takes it over in one write, a
+// write, the hold stays in the document (nothing relies on it, and it is
+// not extended), and the Mutex's next Lock takes it over in one write, a
 // new hold with a new token, as a handoff between goroutines of one
 // Client is. The Unlock after that one requeues. So a Client that loops
 // takes two turns in a row, and the hand-overs between Clients, each of

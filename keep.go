@@ -15,7 +15,7 @@ import (
 // When holds are short those are most of a turn. So a Client that loops
 // Lock, work, Unlock takes two turns in a row: the Unlock that ends a hold
 // its Lock waited for keeps the hold (no write; the hold stays in the
-// document until its lease's deadline, and nothing relies on it), and
+// document, and nothing relies on it), and
 // the next Lock hands it to itself, a new hold with a new token (one
 // write, as a handoff between goroutines of one Client). The Unlock after
 // that one requeues as usual. Hand-overs, and their cost, are halved; a
@@ -33,14 +33,6 @@ import (
 // keepFactor: a hold is kept when it lasted less than keepFactor round
 // trips of its primitive's acquires.
 const keepFactor = 32
-
-// A kept is a hold an Unlock kept for its primitive's next Lock.
-type kept struct {
-	hold  *Lease        // the kept hold; no call relies on it, and the extender does not extend it
-	kind  string        // its primitive's kind and TTL: a Lock of another takes no kept hold
-	ttl   time.Duration //
-	taken chan struct{} // closed when a Lock takes it
-}
 
 // took notes that a Lock of the primitive took the key by a write sent at
 // sent and answered at now: a hold an Unlock kept, or not (then the write
@@ -93,64 +85,28 @@ func (c *Client) keep(l *Lease, cl claim) bool {
 	if h.Err() != nil || c.isClosing() {
 		return false
 	}
-	k := &kept{hold: h, kind: a.kind, ttl: a.ttl, taken: make(chan struct{})}
-	c.mu.Lock()
-	old := c.kept[a.key]
-	c.kept[a.key] = k
-	c.mu.Unlock()
-	if old != nil { // cannot happen while the slot orders Unlock and Lock; kept safe
-		c.unkeep(old)
-	}
-	window := requeueWindow(cl.cfg)
-	c.tidy(a.ttl, func(context.Context) {
-		t := c.clock.NewTimer(window)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-k.taken:
-			return
-		case <-c.closing:
-		}
-		c.mu.Lock()
-		mine := c.kept[a.key] == k
-		if mine {
-			delete(c.kept, a.key)
-		}
-		c.mu.Unlock()
-		if mine {
-			c.unkeep(k)
-		}
-	})
+	c.leaveFor(cl, &leftover{lease: h, a: a, taken: make(chan struct{})})
 	return true
 }
 
-// unkeep ends kept hold k and releases it, with a context of its own (the
-// release is conditional on the hold, so it frees nothing once the hold
-// was taken over).
-func (c *Client) unkeep(k *kept) {
-	k.hold.end(ErrReleased, "")
-	ctx, cancel := context.WithTimeout(c.tidyCtx, min(k.ttl, cleanupTimeout))
-	defer cancel()
-	c.store.release(ctx, k.hold.ref())
-}
-
-// takeKept returns the hold an Unlock kept for an exclusive acquire of a's
-// key, kind and TTL, or nil when there is none; it is ended (the caller
-// hands it over). One of another kind or TTL, or past its lease's
-// deadline, is released.
-func (c *Client) takeKept(a attempt) *Lease {
-	c.mu.Lock()
-	k := c.kept[a.key]
-	delete(c.kept, a.key)
-	c.mu.Unlock()
-	if k == nil {
-		return nil
+// resume hands kept hold h (which pickUp ended) to attempt a of claim cl,
+// in one write: a new hold of this Client with a's hold id and a new
+// token, taken past the queue (see the file's comment). It returns
+// errNotOwner when h was no longer held, ErrClosed when Close had begun
+// (the new hold is then given back), and otherwise an error with which
+// the hold may be a's: the caller's next attempt, with a's hold id, finds
+// and renews it.
+func (c *Client) resume(ctx context.Context, cl claim, a attempt, h *Lease) (*Lease, error) {
+	next := a
+	next.barge = true // its turn goes on: the queue was passed by the hold's own acquire
+	sent := c.clock.Now()
+	r, err := c.store.handoff(ctx, h.ref(), next)
+	if err != nil {
+		return nil, err
 	}
-	close(k.taken)
-	if k.kind != a.kind || k.ttl != a.ttl || k.hold.Err() != nil {
-		c.tidy(k.ttl, func(context.Context) { c.unkeep(k) })
-		return nil
+	l, err := c.grant(cl, a, r.Token, roleExclusive, sent)
+	if err == nil {
+		cl.pace.took(sent, c.clock.Now(), true)
 	}
-	k.hold.end(ErrReleased, "")
-	return k.hold
+	return l, err
 }

@@ -7,7 +7,9 @@ import (
 )
 
 // This file is the requeue: an Unlock that, in its release's own write,
-// queues the next Lock of its primitive. doc.go ("Fairness") has why.
+// queues the next Lock of its primitive; and what the requeue and the keep
+// (keep.go) share: what an Unlock leaves for its primitive's next Lock, and
+// how it is picked up or disposed of. doc.go ("Fairness") has why.
 //
 // Under contention a Client that loops Lock, work, Unlock spends a command
 // on every Lock to register behind the others. When its primitive's last
@@ -24,15 +26,22 @@ type requeuer interface {
 	requeueClaim() claim
 }
 
-// A prereg is a registration made by a requeue, kept for the next Lock.
-type prereg struct {
-	reg   *Lease        // the registration, kept alive by the extender
-	a     attempt       // its attempt: the adopting Lock's hold id, kind and TTL
-	r     record        // the record the requeue wrote
-	at    time.Time     // when its reply came: when the adopting Lock joined the queue
-	busy  time.Duration // how long the holds it ended lasted, from their first acquire's send to at
-	taken chan struct{} // closed when a Lock adopts it
+// A leftover is what an Unlock left for its primitive's next Lock of the
+// key: the registration it requeued, or the hold it kept (keep.go). A
+// Client keeps at most one per key (an Unlock leaves one or the other),
+// until a Lock picks it up, or the requeue window passes, or Close begins:
+// then it is disposed of (see leaveFor).
+type leftover struct {
+	lease *Lease        // the registration (extended by the extender), or the kept hold (not extended)
+	a     attempt       // its attempt: the registration's hold id, and the kind and TTL a Lock must have to pick it up
+	r     record        // a registration: the record the requeue wrote
+	at    time.Time     // a registration: when the requeue's reply came, when the adopting Lock joined the queue
+	busy  time.Duration // a registration: how long the holds it ended lasted, from their first acquire's send to at
+	taken chan struct{} // closed when a Lock picks it up
 }
+
+// kept reports whether lo is a kept hold rather than a registration.
+func (lo *leftover) kept() bool { return lo.lease.role == roleExclusive }
 
 // requeueWindow is how soon after an Unlock a primitive's next Lock must
 // come for its Unlocks to requeue it, and how long a requeued registration
@@ -95,56 +104,78 @@ func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) 
 		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, reg.ref()) })
 		return true, nil
 	}
-	pr := &prereg{reg: reg, a: a, r: r, at: at, busy: at.Sub(cl.pace.batchSince(l.acquired)), taken: make(chan struct{})}
+	c.leaveFor(cl, &leftover{lease: reg, a: a, r: r, at: at, busy: at.Sub(cl.pace.batchSince(l.acquired)), taken: make(chan struct{})})
+	return true, nil
+}
+
+// leaveFor keeps lo for the next Lock of its key by cl's primitive, and
+// disposes of it in the background if no Lock picks it up within the
+// requeue window, or when Close begins.
+func (c *Client) leaveFor(cl claim, lo *leftover) {
+	key := lo.a.key
 	c.mu.Lock()
-	old := c.preregs[a.key]
-	c.preregs[a.key] = pr
+	old := c.leftovers[key]
+	c.leftovers[key] = lo
 	c.mu.Unlock()
 	if old != nil { // cannot happen while the slot orders Unlock and Lock; kept safe
-		c.unregister(old.reg)
+		c.tidy(old.a.ttl, func(context.Context) { c.dispose(old) })
 	}
 	window := requeueWindow(cl.cfg)
-	c.tidy(a.ttl, func(context.Context) {
+	c.tidy(lo.a.ttl, func(context.Context) {
 		t := c.clock.NewTimer(window)
 		defer t.Stop()
 		select {
 		case <-t.C:
-		case <-pr.taken:
+		case <-lo.taken:
 			return
-		case <-c.closing: // Close releases the registration with the other leases
-			return
+		case <-c.closing:
 		}
 		c.mu.Lock()
-		mine := c.preregs[a.key] == pr
+		mine := c.leftovers[key] == lo
 		if mine {
-			delete(c.preregs, a.key)
+			delete(c.leftovers, key)
 		}
 		c.mu.Unlock()
-		if mine && reg.end(ErrReleased, "") {
-			// A context of its own: tidy's counts from before the window.
-			ctx, cancel := context.WithTimeout(c.tidyCtx, min(a.ttl, cleanupTimeout))
-			defer cancel()
-			c.store.release(ctx, reg.ref())
+		if mine {
+			c.dispose(lo)
 		}
 	})
-	return true, nil
 }
 
-// adopt returns the registration a requeue made for key, for an exclusive
-// acquire of a's kind and TTL, or nil when there is none. One of another
-// kind or TTL is removed.
-func (c *Client) adopt(a attempt) *prereg {
+// dispose ends what lo holds and frees it, with a context of its own (a
+// caller's tidy counts from before the window). A registration ended
+// already (by Close, which releases it with the other leases) is left to
+// that; a kept hold is released whatever ended it: the release is
+// conditional on the hold, so it frees nothing once the hold was taken
+// over.
+func (c *Client) dispose(lo *leftover) {
+	if !lo.lease.end(ErrReleased, "") && !lo.kept() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.tidyCtx, min(lo.a.ttl, cleanupTimeout))
+	defer cancel()
+	c.store.release(ctx, lo.lease.ref())
+}
+
+// pickUp returns what the last Unlock left for an exclusive acquire of
+// a's key, kind and TTL (a kept hold is ended: the caller hands it over),
+// or nil when there is none. One of another kind or TTL, or whose lease
+// has ended, is disposed of.
+func (c *Client) pickUp(a attempt) *leftover {
 	c.mu.Lock()
-	pr := c.preregs[a.key]
-	delete(c.preregs, a.key)
+	lo := c.leftovers[a.key]
+	delete(c.leftovers, a.key)
 	c.mu.Unlock()
-	if pr == nil {
+	if lo == nil {
 		return nil
 	}
-	close(pr.taken)
-	if pr.a.kind != a.kind || pr.a.ttl != a.ttl || pr.reg.Err() != nil {
-		c.unregister(pr.reg)
+	close(lo.taken)
+	if lo.a.kind != a.kind || lo.a.ttl != a.ttl || lo.lease.Err() != nil {
+		c.tidy(lo.a.ttl, func(context.Context) { c.dispose(lo) })
 		return nil
 	}
-	return pr
+	if lo.kept() {
+		lo.lease.end(ErrReleased, "")
+	}
+	return lo
 }
