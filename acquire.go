@@ -40,9 +40,9 @@ type pacing struct {
 	held   time.Time     // guarded by mu: when its last Lock took the key
 	batch  time.Time     // guarded by mu: when the acquire was sent that began its last run of holds (keep.go)
 	kept   bool          // guarded by mu: its last Lock took a hold its Unlock kept (keep.go)
-	late   int           // guarded by mu: requeued waits in a row whose first attempt failed
+	late   int           // guarded by mu: requeued waits in a row whose first attempt failed (turn.go)
 
-	unlocked time.Time // guarded by mu: when the last Unlock began (requeue.go)
+	unlocked time.Time // guarded by mu: when the last Unlock returned (requeue.go)
 	soon     bool      // guarded by mu: the last Lock began within the requeue window after the Unlock before it
 }
 
@@ -333,13 +333,13 @@ func kindError(key, want, got string) error {
 // is free.
 //
 // A Lock whose Mutex's last Unlock kept its hold (keep.go) first takes
-// that hold over, one command. A wait that adopted a requeued registration
-// sends no command until its
-// turn is due, then acquire attempts, whatever its place as last seen
-// (turn.go); after turnRetries early ones, or any other failure, it polls
-// as other waits do. The head polls with acquire attempts, one command
-// that takes the key when it is free; the waiters behind it poll by
-// reading the document, to learn when they are at the head. All the attempts of one call carry one
+// that hold over, one command. A wait that adopted a requeued
+// registration sends no command until its turn is due, then acquire
+// attempts, whatever its place as last seen (turn.go); after turnRetries
+// early ones, or any other failure, it polls as other waits do. The head
+// polls with acquire attempts, one command that takes the key when it is
+// free; the waiters behind it poll by reading the document, to learn when
+// they are at the head. All the attempts of one call carry one
 // hold id, so a retry after an unanswered attempt finds that attempt's
 // hold its own. The head also reads the record to start a watch on the
 // holder's revision, when a wait outlasts its first poll (a TryLock reads
