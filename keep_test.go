@@ -14,8 +14,9 @@ import (
 // a waits for it, then a locks and unlocks twice in a row with short holds;
 // the second Unlock keeps the hold (its Lock came at once after the
 // Unlock before it, and the Mutex waited less than a TTL ago). It returns
-// a's Mutex and the token of the kept hold. Call it inside a bubble.
-func keptBy(t *testing.T, ma, mb *Mutex) Token {
+// the token of the kept hold. It calls before, if not nil, just before
+// that Unlock. Call it inside a bubble.
+func keptBy(t *testing.T, ma, mb *Mutex, before func()) Token {
 	ctx := context.Background()
 	require.NoError(t, mb.Lock(ctx))
 	aErr := make(chan error, 1)
@@ -26,6 +27,9 @@ func keptBy(t *testing.T, ma, mb *Mutex) Token {
 	require.NoError(t, ma.Unlock(ctx)) // not soon after an Unlock: released
 	require.NoError(t, ma.Lock(ctx))
 	tok := ma.Lease().Token()
+	if before != nil {
+		before()
+	}
 	require.NoError(t, ma.Unlock(ctx)) // kept
 	return tok
 }
@@ -41,7 +45,7 @@ func TestKeep(t *testing.T) {
 			a, ha := memClient(t, st)
 			b, _ := memClient(t, st)
 			ma := a.NewMutex("k")
-			tok := keptBy(t, ma, b.NewMutex("k"))
+			tok := keptBy(t, ma, b.NewMutex("k"), nil)
 			r := holder(st, "k")
 			require.Equal(t, a.owner, r.Owner, "the Unlock kept the hold")
 			require.Equal(t, tok, r.Token)
@@ -59,7 +63,7 @@ func TestKeep(t *testing.T) {
 			st := newMemStore()
 			a, ha := memClient(t, st)
 			b, _ := memClient(t, st)
-			keptBy(t, a.NewMutex("k"), b.NewMutex("k"))
+			keptBy(t, a.NewMutex("k"), b.NewMutex("k"), nil)
 			releases := ha.count("release")
 			time.Sleep(requeueWindow(&a.cfg))
 			synctest.Wait()
@@ -74,19 +78,12 @@ func TestKeep(t *testing.T) {
 			b, _ := memClient(t, st)
 			ma, mb := a.NewMutex("k"), b.NewMutex("k")
 			ctx := context.Background()
-			require.NoError(t, mb.Lock(ctx))
-			aErr := make(chan error, 1)
-			go func() { aErr <- ma.Lock(ctx) }()
-			synctest.Wait()
-			require.NoError(t, mb.Unlock(ctx))
-			require.NoError(t, <-aErr)
-			require.NoError(t, ma.Unlock(ctx))
-			require.NoError(t, ma.Lock(ctx))
 			bErr := make(chan error, 1)
-			go func() { bErr <- mb.Lock(ctx) }()
-			synctest.Wait() // b waits, registered
-			unlocked := time.Now()
-			require.NoError(t, ma.Unlock(ctx)) // kept: a does not lock again
+			keptBy(t, ma, mb, func() {
+				go func() { bErr <- mb.Lock(ctx) }()
+				synctest.Wait() // b waits, registered
+			})
+			unlocked := time.Now() // a kept its hold, and does not lock again
 			require.Equal(t, a.owner, holder(st, "k").Owner)
 			require.NoError(t, <-bErr)
 			assert.Less(t, time.Since(unlocked), requeueWindow(&a.cfg)+fairPoll, "b waited for a hold no one used")
@@ -98,7 +95,7 @@ func TestKeep(t *testing.T) {
 			st := newMemStore()
 			a, _ := memClient(t, st)
 			b, _ := memClient(t, st)
-			keptBy(t, a.NewMutex("k"), b.NewMutex("k"))
+			keptBy(t, a.NewMutex("k"), b.NewMutex("k"), nil)
 			require.NoError(t, a.Close(context.Background()))
 			assert.Equal(t, "", holder(st, "k").Owner, "Close left the kept hold")
 		})
