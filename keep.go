@@ -15,9 +15,9 @@ import (
 // When holds are short those are most of a turn. So a Client that loops
 // Lock, work, Unlock takes two turns in a row: the Unlock that ends a hold
 // its Lock waited for keeps the hold (no write; the hold stays in the
-// document, and nothing relies on it), and
-// the next Lock hands it to itself, a new hold with a new token (one
-// write, as a handoff between goroutines of one Client). The Unlock after
+// document, and nothing relies on it), and the next Lock hands it to
+// itself, a new hold with a new token (one write, as a handoff between
+// goroutines of one Client). The Unlock after
 // that one requeues as usual. Hand-overs, and their cost, are halved; a
 // waiter gets the key after at most twice as many holds as there are
 // waiters ahead of it, plus the two under way.
@@ -72,7 +72,16 @@ func (p *pacing) batchSince(from time.Time) time.Time {
 func (p *pacing) keeping(now time.Time, cfg *config) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return (!p.kept || cfg.flaw == flawKeepAlways) && !p.held.IsZero() && now.Sub(p.held) < keepFactor*max(p.rtt, cfg.minBackoff/32)
+	switch cfg.flaw {
+	case flawNoTurnPlan:
+		return false
+	case flawKeepAlways:
+	default:
+		if p.kept {
+			return false
+		}
+	}
+	return !p.held.IsZero() && now.Sub(p.held) < keepFactor*max(p.rtt, cfg.minBackoff/32)
 }
 
 // keep keeps exclusive lease l, which its Unlock has ended, for the next

@@ -17,12 +17,12 @@ import "time"
 // lets it take the key only once every waiter ahead is gone (rule 6 in
 // doc.go), so an early attempt costs one failed command, never the order.
 //
-// The length of a turn is learnt per primitive, from its own waits: when
-// the first attempt took the key, the next wait aims a retry interval's
-// half earlier; when it failed, half later, and no earlier than a retry
-// interval before it did take the key. So about half of the first
-// attempts succeed, and the key rarely stays free and owed to a waiter
-// for longer than a retry interval. A wait whose turn has not come after
+// The length of a turn is learnt per primitive, from its own waits (see
+// tookTurn): when the first attempt took the key, the next wait aims a
+// quarter of a retry interval earlier; when it failed, half an interval
+// later. So about a third of the first attempts are early, and the key
+// rarely stays free and owed to a waiter for longer than a retry
+// interval. A wait whose turn has not come after
 // turnRetries attempts goes back to the ordinary schedule (reads, and
 // watches of the holder and of the waiters ahead), which clears crashed
 // holders and waiters.
@@ -71,8 +71,8 @@ func turnRetry(u time.Duration, cfg *config) time.Duration {
 
 // miss notes that an attempt sent at sent found the key not yet the
 // wait's, at now; after turnRetries of them the plan ends. The next
-// attempt waits the retry interval, and at least twice the round trip of
-// this one: waiters that all aimed early (when one ahead of them was late)
+// attempt waits the retry interval, and at least the round trip of this
+// one: waiters that all aimed early (when one ahead of them was late)
 // must not fill a server that runs one command at a time with misses, or
 // the holder's own commands queue behind them and every turn is late.
 func (tp *turnPlan) miss(sent, now time.Time) {
@@ -85,18 +85,20 @@ func (tp *turnPlan) miss(sent, now time.Time) {
 
 // tookTurn learns from a planned wait (tp) that took the key at now: see
 // the file's comment. A first attempt that took the key moves the next
-// aim earlier: by half a retry interval, or by a quarter of the way down
-// to this primitive's own hold time (busy) if that is more. One that
-// failed moves it later: by half a retry interval, doubled for each wait
-// in a row that failed, but never later than this wait took the key.
+// aim earlier: by a quarter of a retry interval, or half the way down to
+// 1.25 times this primitive's own hold time (busy) if that is more. One
+// that failed moves it later: by half a retry interval, doubled for each
+// wait in a row that failed, but never later than a retry interval before
+// this wait took the key.
 //
 // The pull towards busy is what keeps a queue of waiters from settling
 // in a slow rhythm: a waiter can take the key no sooner than the one
 // ahead of it has had its turn, so if every waiter aims late, each one's
 // wait shows the others' lateness, and learning from waits alone would
 // keep them all late. A turn is at least a hold, so aiming at the
-// holds, and retrying when that was too early, converges to the fast
-// rhythm when the holds are alike.
+// holds (with a quarter to spare for the hand-over), and retrying when
+// that was too early, converges to the fast rhythm when the holds are
+// alike.
 func (p *pacing) tookTurn(tp turnPlan, now time.Time) {
 	if tp.k == 0 {
 		return
