@@ -422,13 +422,17 @@ func (c *Client) passOn(key string, l *Lease) {
 // extender, or past its local deadline) is not handed over: its error is
 // returned at once and the key is tidied up in the background.
 func (c *Client) release(ctx context.Context, l *Lease) error {
-	if errors.Is(l.ended(), ErrReleased) { // ended by Close
-		return ErrClosed
-	}
 	if l.role != roleExclusive {
 		return c.releaseShared(ctx, l)
 	}
-	if err := l.Err(); err != nil {
+	// One reading of the lease's state: Close may end it at any moment,
+	// and one that ended it before this reading returns ErrClosed, never
+	// the ErrReleased that Err then reports.
+	err := l.Err()
+	if errors.Is(err, ErrReleased) { // ended by Close
+		return ErrClosed
+	}
+	if err != nil {
 		var lost *LeaseLostError
 		if errors.As(err, &lost) && lost.Cause != nil { // expired: the store may still show the hold
 			ref := l.ref()
@@ -491,7 +495,7 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 			}
 		}
 	}
-	err := c.store.release(ctx, l.ref())
+	err = c.store.release(ctx, l.ref())
 	if errors.Is(err, errNotOwner) {
 		err = l.takenOver()
 	}
@@ -501,7 +505,11 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 
 // releaseShared gives a shared hold back: no local queue, no handoff.
 func (c *Client) releaseShared(ctx context.Context, l *Lease) error {
-	if err := l.Err(); err != nil {
+	err := l.Err()
+	if errors.Is(err, ErrReleased) { // ended by Close
+		return ErrClosed
+	}
+	if err != nil {
 		var lost *LeaseLostError
 		if errors.As(err, &lost) && lost.Cause != nil {
 			ref := l.ref()
@@ -515,7 +523,7 @@ func (c *Client) releaseShared(ctx context.Context, l *Lease) error {
 		}
 		return ErrClosed
 	}
-	err := c.store.release(ctx, l.ref())
+	err = c.store.release(ctx, l.ref())
 	if errors.Is(err, errNotOwner) {
 		err = l.takenOver()
 	}
