@@ -36,8 +36,9 @@ type pacing struct {
 	every  time.Duration // guarded by mu: how often the key changes hands, estimated
 	turn   time.Duration // guarded by mu: a requeued wait's turn, per waiter ahead, as learnt (turn.go)
 	busy   time.Duration // guarded by mu: how long its holds last, from acquire to release, on average (turn.go)
-	rtt    time.Duration // guarded by mu: the round trip of its acquires that took the key, on average (keep.go)
+	rtt    time.Duration // guarded by mu: the round trip of its acquires that took the key, the least seen lately (keep.go)
 	held   time.Time     // guarded by mu: when its last Lock took the key
+	hold   time.Duration // guarded by mu: how long its last hold lasted, from the Lock's return to the Unlock (keep.go)
 	batch  time.Time     // guarded by mu: when the acquire was sent that began its last run of holds (keep.go)
 	kept   bool          // guarded by mu: its last Lock took a hold its Unlock kept (keep.go)
 	late   int           // guarded by mu: requeued waits in a row whose first attempt failed (turn.go)
@@ -375,15 +376,18 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 	}
 	ew.hasty = c.cfg.flaw == flawReapLive
 	queues := !try && c.queues(a.kind)
+	_, spares := cl.lk.(requeuer) // its Unlock may keep a hold (keep.go): reserve a spare token
+	spares = spares && c.cfg.flaw != flawNoTurnPlan && c.cfg.flaw != flawUnfair && cl.pace.spare(cl.cfg)
 	pr := c.pickUp(a) // what the last Unlock left for this call: a kept hold, or a registration
-	kept := pr != nil && pr.kept()
-	if kept {
-		l, err := c.resume(ctx, cl, a, pr.lease)
+	kept := false     // this call sent a kept hold's handoff (flawKeepAlways only)
+	if pr != nil && pr.kept() {
+		kept = pr.handoff
+		l, sent, err := c.resume(ctx, cl, a, pr)
 		switch {
 		case err == nil:
-			return l, 1, nil
+			return l, sent, nil
 		case errors.Is(err, ErrClosed):
-			return nil, 1, ErrClosed
+			return nil, sent, ErrClosed
 		case !errors.Is(err, errNotOwner):
 			unsure, lastErr = true, err // the hold may be a's: the next attempt renews it
 		}
@@ -426,9 +430,11 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 		case q.head() || tp.on:
 			attempts++
 			a.registered, a.ahead = q.registered(), q.ahead
+			a.spare = a.registered && spares
 			sent := c.clock.Now()
 			r, err = c.store.acquire(ctx, a, w.takeover(sent))
 			if err == nil && r.Raw {
+				a.spare = false // the raise sets the counter: no spare
 				r, err = c.raise(ctx, a, r, early)
 			}
 			if err == nil {
@@ -438,7 +444,11 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 				if q.reg != nil { // the acquire ended the registration
 					q.reg.end(ErrReleased, "")
 				}
-				l, gerr := c.grant(cl, a, r.Token, roleExclusive, sent)
+				t := r.Token
+				if a.spare {
+					t--
+				}
+				l, gerr := c.grant(cl, a, t, roleExclusive, sent)
 				if errors.Is(gerr, ErrClosed) {
 					return nil, attempts, ErrClosed
 				}

@@ -49,7 +49,7 @@ func BenchmarkFloor(b *testing.B) {
 				}
 				err := coll.FindOneAndUpdate(ctx,
 					bson.D{{Key: "_id", Value: key}, {Key: "$or", Value: bson.A{bson.D{{Key: fOwner, Value: ""}}, bson.D{{Key: fOwner, Value: owner}}}}},
-					newHold(owner, 1, time.Minute), upsertAfter).Err()
+					newHold(owner, 1, time.Minute, 1), upsertAfter).Err()
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -50,6 +50,17 @@ func (h *hooked) count(op string) int {
 	return h.calls[op]
 }
 
+// total reports how many operations of every kind have been called.
+func (h *hooked) total() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, c := range h.calls {
+		n += c
+	}
+	return n
+}
+
 func (h *hooked) run(ctx context.Context, op string, call func() error) error {
 	h.mu.Lock()
 	f := h.hooks[op]

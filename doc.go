@@ -199,33 +199,39 @@
 // A Mutex's Unlock under the same conditions keeps the hold instead, if
 // the hold was short and was not itself kept (the keep): it sends no
 // write, the hold stays in the document (nothing relies on it, and it is
-// not extended), and the Mutex's next Lock takes it over in one write, a
-// new hold with a new token, as a handoff between goroutines of one
-// Client is. The Unlock after that one requeues. So a Client that loops
-// takes two turns in a row, and the hand-overs between Clients, each of
-// which costs a release, an acquire and the time the key waits for the
-// next holder's attempt, are halved. A hold is short when it lasted less
-// than 32 round trips of the Mutex's acquires (each counted as at least a
-// 32nd of the minimum backoff): when a hand-over costs more than about a
-// tenth of a turn. A kept hold that no Lock takes within the minimum
-// backoff is released in the background (and by Close), so it holds up
-// the queue for at most that, plus a round trip.
+// not extended), and the Mutex's next Lock takes it over with no command
+// at all, a new Lease with a new token. The token is one the hold's own
+// acquire reserved: a registered waiter's acquire of a Mutex whose last
+// hold was short raises the key's counter by two and takes the lower
+// number, so the counter is the spare, above every token handed out and
+// below every later one. The kept hold's Lease relies on the hold's last
+// write, as the hold did (its deadline is the same), and is extended from
+// then on. A kept hold has no spare, so the Unlock after it requeues. So a
+// Client that loops takes two turns in a row, and the hand-overs between
+// Clients, each of which costs a release, an acquire and the time the key
+// waits for the next holder's attempt, are halved. A hold is short when
+// it lasted less than 32 round trips of the Mutex's acquires (the least
+// seen lately, each counted as at least a 32nd of the minimum backoff):
+// when a hand-over costs more than about a tenth of a turn. A kept hold
+// that no Lock takes within the minimum backoff is released in the
+// background (and by Close), so it holds up the queue for at most that,
+// plus a round trip.
 //
 // A requeued Lock knows when it joined the queue and how many waiters
 // were ahead of it, so it sends no command until its turn is due: k turns
 // after it joined, with k waiters ahead, a turn being learnt by the Mutex
 // from its earlier waits (at first, the length of its own last hold).
-// Then it sends acquire attempts, a short interval apart (an eighth of a
-// turn, and at least the last attempt's round trip), which take the key
+// Then it sends acquire attempts, a short interval apart (a sixteenth of
+// a turn, and at least the last attempt's round trip), which take the key
 // once every waiter ahead is gone; after eight early attempts it goes
 // back to polling as below. A first attempt that took the key makes the
 // next wait aim earlier, one that was early makes it aim later, so that
 // about a third of first attempts are early and the key seldom waits for
 // its next holder more than a retry interval. Waits that all aim late
 // hold each other up (each waiter sees the lateness of those ahead as a
-// longer turn), so while a turn is learnt as over 1.25 times the Mutex's
-// own holds, a first attempt that took the key moves the aim half way
-// down towards that.
+// longer turn), so while a turn is learnt as longer than the Mutex's own
+// holds (from the acquire's send to the release's reply), a first attempt
+// that took the key moves the aim half way down towards them.
 //
 // Other waiters poll: the head with acquire attempts, about four times
 // per estimated hand-over period (estimated from how fast the key's token
@@ -269,8 +275,8 @@
 // registers at once, without a first attempt. A Client that loops Lock,
 // work, Unlock under steady contention spends, every two turns, the
 // Unlock's write that requeues its next Lock, the acquire that takes the
-// key, its early attempts, and the handoff that takes the kept hold (the
-// Unlock that keeps it sends nothing): measured, 1.7 to 2.5 commands an
+// key, and its early attempts (the Unlock that keeps the hold and the
+// Lock that takes it over send nothing): measured, 1.3 to 2 commands an
 // acquisition with short holds, about 3 with holds too long to keep
 // (README, "Fairness across processes"). A registered waiter's acquire does not
 // upsert (its document exists), so an early one costs the server no
@@ -369,7 +375,13 @@ package dlock
 //  2. Tokens: every token in the document (the exclusive hold's, which is
 //     token itself while held, and each h entry's t) is at most token, and
 //     each hold's token is greater than every token handed out before it
-//     for the key. An exclusive acquire does $inc token. A shared acquire
+//     for the key. An exclusive acquire does $inc token: 1, or 2 for a
+//     registered Mutex waiter's acquire that reserves a spare (keep.go):
+//     its hold's token is then token-1, and token itself is handed out
+//     only to the Lock that takes over the hold when its Unlock keeps it,
+//     with no write, so the hold is still the document's and no token
+//     came between. Writes for the hold name token, either way; so does
+//     [Client.Holders]. A shared acquire
 //     cannot copy the incremented counter into its entry without a
 //     pipeline update, so it is a compare-and-set: filter token: T (the
 //     counter the Client last saw), $set token: T+1 and h.<hk>.t: T+1. A
@@ -432,16 +444,16 @@ package dlock
 //     the gate holds exactly for the head of the
 //     queue, once the waiters ahead have taken the key or been cleared,
 //     and a stale view costs a failed attempt, never the order. A handoff
-//     within a Client carries the unregistered gate, except the keep's
-//     (keep.go): a Mutex's next Lock taking over the hold its Unlock kept,
-//     which carries none, and which the Client makes only after a hold it
-//     did not keep. A takeover of the whole record carries the taker's
-//     gate too, and leaves w alone (registrations have their own
-//     liveness, rule 3, and no revision). Nothing else takes an exclusive
-//     hold, so while waiter W is registered, every new hold belongs to a
-//     waiter that was ahead of W when W registered, or is a keep that
-//     follows a hold that was not: W waits for at most twice as many
-//     holds, plus two. The simulation checks exactly this on every write.
+//     within a Client carries the unregistered gate. A takeover of the
+//     whole record carries the taker's gate too, and leaves w alone
+//     (registrations have their own liveness, rule 3, and no revision).
+//     Nothing else takes an exclusive hold, so while waiter W is
+//     registered, every new hold belongs to a waiter that was ahead of W
+//     when W registered. A hold serves at most two Locks (the keep, which
+//     writes nothing, needs the spare that only an acquire reserves), so
+//     W waits for at most twice as many Locks, plus two. The simulation
+//     checks the order on every write, and the two Locks a hold on every
+//     Lock.
 //
 // Costs this design keeps: an uncontended exclusive Lock or Unlock of an
 // existing key is one command that writes no fields beyond those above

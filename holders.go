@@ -10,7 +10,7 @@ import (
 // A Holder is one hold of a key, as [Client.Holders] reads it.
 type Holder struct {
 	Owner  string // the holder's Client ([Client.Owner])
-	Token  Token  // the hold's fencing token
+	Token  Token  // the hold's fencing token; for an exclusive hold, the key's counter, which may be one above it (see below)
 	Data   []byte // what the holder stored with it ([WithData]), or nil
 	Shared bool   // a shared (read) hold or a Semaphore permit
 }
@@ -22,7 +22,11 @@ type Holder struct {
 // (at most a TTL after a waiter first saw it), so the list may name a
 // holder that no longer relies on its hold; a hold is being acquired may
 // show a token that is then raised, once, above the collection's floor
-// (see [Client.Prune]).
+// (see [Client.Prune]). The exclusive holder's Token is the key's token
+// counter: for a Mutex's hold that waited in the queue, that is one above
+// the holder's [Lease.Token], a token reserved for the Mutex's next Lock
+// (see "Fairness" in the package doc), which may hold by it without a
+// write, so the list shows no change when it does.
 func (c *Client) Holders(ctx context.Context, key string) ([]Holder, error) {
 	if c == nil {
 		return nil, ErrNoClient

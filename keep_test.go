@@ -10,22 +10,30 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// keptBy sets up a hold that a's Unlock keeps (keep.go): b holds the key,
-// a waits for it, then a locks and unlocks twice in a row with short holds;
-// the second Unlock keeps the hold (its Lock came at once after the
-// Unlock before it, and the Mutex waited less than a TTL ago). It returns
-// the token of the kept hold. It calls before, if not nil, just before
+// keptBy sets up a hold that a's Unlock keeps (keep.go): a and b take
+// turns, each Lock waiting for the other's hold, until a's Lock came at
+// once after its Unlock before it, and waited (registered) for the key:
+// that Unlock keeps the hold. It returns the token of the hold it ends
+// (the kept hold's is the next). It calls before, if not nil, just before
 // that Unlock. Call it inside a bubble.
 func keptBy(t *testing.T, ma, mb *Mutex, before func()) Token {
 	ctx := context.Background()
+	waits := func(m *Mutex) chan error {
+		errc := make(chan error, 1)
+		go func() { errc <- m.Lock(ctx) }()
+		synctest.Wait()
+		return errc
+	}
 	require.NoError(t, mb.Lock(ctx))
-	aErr := make(chan error, 1)
-	go func() { aErr <- ma.Lock(ctx) }()
-	synctest.Wait()
+	aErr := waits(ma)
 	require.NoError(t, mb.Unlock(ctx))
 	require.NoError(t, <-aErr)
-	require.NoError(t, ma.Unlock(ctx)) // not soon after an Unlock: released
-	require.NoError(t, ma.Lock(ctx))
+	bErr := waits(mb)
+	require.NoError(t, ma.Unlock(ctx)) // its Lock was not soon after an Unlock: released
+	require.NoError(t, <-bErr)
+	aErr = waits(ma) // soon after its Unlock
+	require.NoError(t, mb.Unlock(ctx))
+	require.NoError(t, <-aErr)
 	tok := ma.Lease().Token()
 	if before != nil {
 		before()
@@ -35,9 +43,9 @@ func keptBy(t *testing.T, ma, mb *Mutex, before func()) Token {
 }
 
 // TestKeep: an Unlock under contention keeps a short hold for its
-// Mutex's next Lock, which takes it in one write with a new token; a
-// kept hold no Lock takes within the requeue window is released; Close
-// releases a kept hold.
+// Mutex's next Lock, which takes it with no command, under the spare
+// token its acquire reserved; a kept hold no Lock takes within the
+// requeue window is released; Close releases a kept hold.
 func TestKeep(t *testing.T) {
 	t.Run("the next Lock takes it", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
@@ -48,14 +56,23 @@ func TestKeep(t *testing.T) {
 			tok := keptBy(t, ma, b.NewMutex("k"), nil)
 			r := holder(st, "k")
 			require.Equal(t, a.owner, r.Owner, "the Unlock kept the hold")
-			require.Equal(t, tok, r.Token)
+			require.Equal(t, tok+1, r.Token, "the hold's acquire reserved the next token")
+			hs, err := a.Holders(context.Background(), "k")
+			require.NoError(t, err)
+			require.Len(t, hs, 1)
+			assert.Equal(t, tok+1, hs[0].Token, "Holders shows the key's counter")
 			assert.Nil(t, ma.Lease(), "the Mutex holds nothing after its Unlock")
-			cmds := ha.count("acquire") + ha.count("handoff")
+			cmds := ha.total()
 			require.NoError(t, ma.Lock(context.Background()))
-			assert.Equal(t, cmds+1, ha.count("acquire")+ha.count("handoff"), "one command")
-			assert.Equal(t, 1, ha.count("handoff"))
-			assert.Greater(t, ma.Lease().Token(), tok, "a new token")
+			assert.Equal(t, cmds, ha.total(), "no command")
+			assert.Equal(t, tok+1, ma.Lease().Token(), "a new token: the spare")
+			assert.Equal(t, r.Rev, holder(st, "k").Rev, "the document is as the Unlock left it")
+			time.Sleep(DefaultTTL / 2)
+			synctest.Wait()
+			require.NoError(t, ma.Lease().Err(), "the kept hold is extended")
+			assert.Greater(t, holder(st, "k").Rev, r.Rev)
 			require.NoError(t, ma.Unlock(context.Background()))
+			assert.Equal(t, "", holder(st, "k").Owner, "the Unlock after a kept hold keeps nothing")
 		})
 	})
 	t.Run("released after the window", func(t *testing.T) {
@@ -125,12 +142,14 @@ func TestKeepTurns(t *testing.T) {
 			}
 			longest = max(longest, run)
 		}
-		handoffs := 0
-		for _, h := range hs {
-			handoffs += h.count("handoff")
+		kept := 0 // a turn of the Client that had the turn before
+		for i := 1; i < len(order); i++ {
+			if order[i] == order[i-1] {
+				kept++
+			}
 		}
-		t.Logf("%d acquisitions, %d of them kept holds; longest run of one Client %d", len(order), handoffs, longest)
-		assert.Greater(t, handoffs, len(order)/4, "too few kept holds")
+		t.Logf("%d acquisitions, %d of them kept holds; longest run of one Client %d", len(order), kept, longest)
+		assert.Greater(t, kept, len(order)/4, "too few kept holds")
 		assert.LessOrEqual(t, longest, 2, "a Client took more than two turns in a row: %v", order)
 	})
 }

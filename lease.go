@@ -28,6 +28,7 @@ type Lease struct {
 	lk       locker // what the hold is for; told when Release is called
 	key      string
 	token    Token
+	count    Token // the key's token counter for this hold, which its writes name: token, or token+1 when its acquire reserved a spare (keep.go)
 	hold     int64 // the hold id
 	role     role  // exclusive or shared (or, internally, a waiter's registration)
 	ttl      time.Duration
@@ -60,10 +61,11 @@ type locker interface {
 }
 
 // newLease returns the lease of a hold that attempt a made, with token t,
-// by a write sent at sent.
+// by a write sent at sent. When a reserved a spare, the key's counter is
+// t+1.
 func (c *Client) newLease(lk locker, cfg *config, a attempt, t Token, ro role, sent time.Time) *Lease {
 	l := &Lease{
-		c: c, lk: lk, key: a.key, token: t, hold: a.hold, role: ro, data: a.data, ttl: cfg.ttl, every: cfg.every(),
+		c: c, lk: lk, key: a.key, token: t, count: t, hold: a.hold, role: ro, data: a.data, ttl: cfg.ttl, every: cfg.every(),
 		acquired: sent, deadline: sent.Add(holdFor(cfg.ttl)),
 		done: make(chan struct{}), lost: make(chan struct{}),
 	}
@@ -73,6 +75,9 @@ func (c *Client) newLease(lk locker, cfg *config, a attempt, t Token, ro role, s
 		if l.deadline.After(l.holdEnd) {
 			l.deadline = l.holdEnd
 		}
+	}
+	if a.spare && ro == roleExclusive {
+		l.count++
 	}
 	l.schedule(sent, sent.Add(l.every))
 	return l
@@ -106,7 +111,7 @@ func (l *Lease) schedule(from, at time.Time) {
 }
 
 func (l *Lease) ref() leaseRef {
-	return leaseRef{key: l.key, owner: l.c.owner, token: l.token, ttl: l.ttl, hold: l.hold, role: l.role}
+	return leaseRef{key: l.key, owner: l.c.owner, token: l.count, ttl: l.ttl, hold: l.hold, role: l.role}
 }
 
 // Data returns the data stored with this hold ([WithData]; for an

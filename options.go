@@ -283,7 +283,7 @@ const (
 	flawUnfair                    // exclusive waiters do not queue in the document: every poll races (dlock before fair queueing)
 	flawQueueJump                 // exclusive waiters register in the queue, but every attempt ignores it
 	flawNoTurnPlan                // a requeued wait polls as any other and no Unlock keeps its hold (dlock before turn.go and keep.go): for benchmarks, not a fault
-	flawKeepAlways                // an Unlock under contention keeps its hold even when its Lock took a kept one: a Client takes every turn in a row
+	flawKeepAlways                // an Unlock under contention keeps its hold even when its Lock took a kept one (then with no spare token, so the next Lock takes it by a handoff write past the queue): a Client takes every turn in a row
 )
 
 // withFlaw makes the Client's logic deliberately unsound; tests only.

@@ -32,12 +32,13 @@ type requeuer interface {
 // until a Lock picks it up, or the requeue window passes, or Close begins:
 // then it is disposed of (see leaveFor).
 type leftover struct {
-	lease *Lease        // the registration (extended by the extender), or the kept hold (not extended)
-	a     attempt       // its attempt: the registration's hold id, and the kind and TTL a Lock must have to pick it up
-	r     record        // a registration: the record the requeue wrote
-	at    time.Time     // a registration: when the requeue's reply came, when the adopting Lock joined the queue
-	busy  time.Duration // a registration: how long the holds it ended lasted, from their first acquire's send to at
-	taken chan struct{} // closed when a Lock picks it up
+	lease   *Lease        // the registration (extended by the extender), or the kept hold (not extended)
+	a       attempt       // its attempt: the registration's hold id, and the kind and TTL a Lock must have to pick it up
+	r       record        // a registration: the record the requeue wrote
+	at      time.Time     // a registration: when the requeue's reply came, when the adopting Lock joined the queue
+	busy    time.Duration // a registration: how long the holds it ended lasted, from their first acquire's send to at
+	handoff bool          // a kept hold without a spare: its pick-up is a handoff write (flawKeepAlways only)
+	taken   chan struct{} // closed when a Lock picks it up
 }
 
 // kept reports whether lo is a kept hold rather than a registration.
@@ -57,10 +58,14 @@ func (p *pacing) relocking(now time.Time, window time.Duration) {
 
 // unlocking reports whether an Unlock of the primitive that begins at now
 // should requeue: its last Lock came within the window after the Unlock
-// before it returned, and had to wait less than a TTL ago.
+// before it returned, and had to wait less than a TTL ago. It notes how
+// long the hold lasted (keep.go).
 func (p *pacing) unlocking(now time.Time, cfg *config) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if !p.held.IsZero() {
+		p.hold = now.Sub(p.held)
+	}
 	return p.soon && !p.last.at.IsZero() && now.Sub(p.last.at) < cfg.ttl
 }
 

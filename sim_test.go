@@ -456,9 +456,6 @@ type simChecker struct {
 	// queueOrder. Guarded by the store's mu (the store's observe hook
 	// alone touches it), not by mu.
 	queue map[string]map[string]map[string]bool
-	// kept is, per key, whether its current hold was a keep (see
-	// queueOrder). Guarded as queue.
-	kept map[string]bool
 }
 
 // queueOrder checks one write to key, from the store's observe hook (with
@@ -470,14 +467,9 @@ type simChecker struct {
 // registered one only when everyone registered before it has gone). A
 // waiter whose entry is written again with a new queue number (its
 // registration was lost, and it registered again) counts as registered
-// anew, behind everyone there.
-//
-// The exception is a keep (keep.go): a new hold of the owner that held the
-// key just before, taken from that hold directly while waiters were
-// registered, and not by a registered waiter of that owner (a handoff
-// between goroutines of one Client needs no waiter registered). It may go
-// past the queue, but not twice in a row: a waiter then waits for at most
-// two holds for each one ahead of it, plus two.
+// anew, behind everyone there. A kept hold (keep.go) is no new hold of the
+// record: it writes nothing (acquire checks that each hold of the record
+// serves at most two Locks).
 func (k *simChecker) queueOrder(key string, before, after record) {
 	q := k.queue[key]
 	if q == nil {
@@ -486,18 +478,11 @@ func (k *simChecker) queueOrder(key string, before, after record) {
 	}
 	if after.Owner != "" && (after.Owner != before.Owner || after.Hold != before.Hold) {
 		holder := holdKey(after.Owner, after.Hold)
-		_, waited := before.Waiters[holder] // a registered waiter's acquire: in the queue's order
-		keep := before.Owner == after.Owner && len(before.Waiters) > 0 && !waited
-		if k.kept == nil {
-			k.kept = map[string]bool{}
-		}
-		keptTwice := keep && k.kept[key]
-		k.kept[key] = keep
 		k.mu.Lock()
 		checked := false
 		for w, ahead := range q {
 			e, still := after.Waiters[w]
-			if !still || w == holder || keep && !keptTwice {
+			if !still || w == holder {
 				continue
 			}
 			checked = true
@@ -590,14 +575,17 @@ func (k *simChecker) wrote(t Token, sent time.Time) {
 var reliance = time.Duration(float64(holdFor(simClientTTL)) / (1 - MaxClockDrift))
 
 // overdue checks, with k.mu held, that a valid lease l is within the
-// reliance of its last write.
+// reliance of its last write. Writes are noted by the token counter they
+// name, which is the lease's token, or the next one when its acquire
+// reserved a spare (keep.go), and the kept hold's after it.
 func (k *simChecker) overdue(client int, l *Lease) {
-	if sent, ok := k.lastWrite[l.Token()]; ok && time.Since(sent) > reliance+time.Millisecond {
+	if sent, ok := k.lastWrite[l.ref().token]; ok && time.Since(sent) > reliance+time.Millisecond {
 		k.fail("client %d's lease (token %d) valid %v after its last write was sent, more than %v", client, l.Token(), time.Since(sent), reliance)
 	}
 }
 
-// unlocking notes that the holder of t calls Unlock now.
+// unlocking notes that the holder of the hold whose writes name token
+// counter t calls Unlock now.
 func (k *simChecker) unlocking(t Token) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -622,13 +610,24 @@ func (k *simChecker) extending(refs []leaseRef) {
 // (tokens strictly increase in the order holds are handed out), and differ
 // from every other hold's. An RLock may join a shared hold acquired before
 // it was called: its called is zero, and only the uniqueness is checked
-// (a hold that RLocks share is recorded once).
+// (a hold that RLocks share is recorded once). A hold of the record serves
+// at most two Locks: its acquire's, and the Lock that took it over when
+// its Unlock kept it (keep.go), a lease with the spare token that writes
+// as the first; that one's writes are its own from then on, so the
+// Unlock that began before them is forgotten.
 func (k *simChecker) acquire(client int, l *Lease, called time.Time) {
 	k.mu.Lock()
+	same := 0 // earlier leases of the record's hold
 	for _, h := range k.leases {
 		if h.l == l {
 			k.mu.Unlock()
 			return
+		}
+		if h.l.key == l.key && h.l.ref().token == l.ref().token && h.l.role == roleExclusive && l.role == roleExclusive {
+			if same++; same > 1 || h.l.hold != l.hold || h.l.token+1 != l.token {
+				k.fail("token %d (hold %d) served Lock again, as token %d (hold %d)", h.l.token, h.l.hold, l.token, l.hold)
+			}
+			delete(k.releasing, l.ref().token)
 		}
 		if !called.IsZero() && h.returned.Before(called) && l.Token() <= h.l.Token() {
 			k.fail("token %d acquired after token %d", l.Token(), h.l.Token())
@@ -776,7 +775,7 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 						time.Sleep(op.hold / 2)
 						uctx, ucancel := context.WithTimeout(context.Background(), op.unlock)
 						if !op.read {
-							k.unlocking(l.Token()) // (an RUnlock need not release)
+							k.unlocking(l.ref().token) // (an RUnlock need not release)
 						}
 						m.unlock(uctx, op, l)
 						ucancel()

@@ -193,6 +193,11 @@ type attempt struct {
 	ahead      []string
 	barge      bool
 
+	// spare: the acquire raises the token counter by two, not one, and
+	// the hold's token is the counter less one: the counter itself is
+	// reserved for the hold the primitive's Unlock may keep (keep.go).
+	spare bool
+
 	// A registration takes queue number queue+1: a compare-and-set on the
 	// record's queue counter, as last seen (or a guess above it).
 	queue int64

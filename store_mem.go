@@ -110,6 +110,9 @@ func (s *memStore) acquire(ctx context.Context, a attempt, takeover stamp) (reco
 	}
 	r.Owner, r.Hold, r.TTL, r.Data = a.owner, a.hold, a.ttl, a.data
 	r.Token++
+	if a.spare {
+		r.Token++
+	}
 	r.Shared = nil // none, or stale ones cleared by a takeover
 	if a.registered {
 		delete(r.Waiters, a.holdKey())

@@ -158,11 +158,12 @@ func ttlMillis(ttl time.Duration) int64 {
 	return int64((ttl + time.Millisecond - 1) / time.Millisecond)
 }
 
-// newHold is the update that starts a hold: a new token, a new revision.
-func newHold(owner string, hold int64, ttl time.Duration) bson.D {
+// newHold is the update that starts a hold: the token counter raised by
+// tokens (two when the acquire reserves a spare), a new revision.
+func newHold(owner string, hold int64, ttl time.Duration, tokens int64) bson.D {
 	return bson.D{
 		{Key: "$set", Value: bson.D{{Key: fOwner, Value: owner}, {Key: fTTL, Value: ttlMillis(ttl)}, {Key: fHold, Value: hold}}},
-		{Key: "$inc", Value: bson.D{{Key: fToken, Value: int64(1)}, {Key: fRev, Value: int64(1)}}},
+		{Key: "$inc", Value: bson.D{{Key: fToken, Value: tokens}, {Key: fRev, Value: int64(1)}}},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}
 }
@@ -238,7 +239,11 @@ func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover stamp) (re
 		or = append(or, append(bson.D{{Key: fRev, Value: takeover.rev}, {Key: fToken, Value: int64(takeover.token)}}, queueGate(a)...))
 	}
 	filter := bson.D{{Key: "_id", Value: a.key}, kindFilter(a.kind), {Key: "$or", Value: or}}
-	update := append(newHold(a.owner, a.hold, a.ttl), bson.E{Key: "$setOnInsert", Value: bson.D{{Key: fRaw, Value: true}}})
+	tokens := int64(1)
+	if a.spare {
+		tokens = 2
+	}
+	update := append(newHold(a.owner, a.hold, a.ttl, tokens), bson.E{Key: "$setOnInsert", Value: bson.D{{Key: fRaw, Value: true}}})
 	var unset bson.D
 	if a.data != nil {
 		update[0].Value = append(update[0].Value.(bson.D), bson.E{Key: fData, Value: a.data})

@@ -122,16 +122,16 @@ func TestTookTurn(t *testing.T) {
 		p := pacing{turn: 30 * time.Millisecond, busy: 10 * time.Millisecond}
 		tp := p.planTurn(joined, k, 10*time.Millisecond, &cfg)
 		p.tookTurn(tp, tp.next.Add(time.Millisecond))
-		// Half way down to 1.25 holds: 30 - (30-12.5)/2.
-		assert.Equal(t, 21250*time.Microsecond, p.turn)
+		// Half way down to the hold: 30 - (30-10)/2.
+		assert.Equal(t, 20*time.Millisecond, p.turn)
 		tp = p.planTurn(joined, k, 10*time.Millisecond, &cfg)
 		p.tookTurn(tp, tp.next.Add(time.Millisecond))
-		assert.Equal(t, 16875*time.Microsecond, p.turn)
-		for range 20 { // near 1.25 holds, by half retry intervals, towards the hold itself
+		assert.Equal(t, 15*time.Millisecond, p.turn)
+		for range 20 { // near the hold, by quarter retry intervals, and past it
 			tp = p.planTurn(joined, k, 10*time.Millisecond, &cfg)
 			p.tookTurn(tp, tp.next.Add(time.Millisecond))
 		}
-		assert.Less(t, p.turn, 12*time.Millisecond)
+		assert.Less(t, p.turn, 10*time.Millisecond)
 	})
 	t.Run("first attempt failed: later, not past when it took the key", func(t *testing.T) {
 		p := pacing{turn: 10 * time.Millisecond, busy: 10 * time.Millisecond}
