@@ -153,3 +153,60 @@ func TestKeepTurns(t *testing.T) {
 		assert.LessOrEqual(t, longest, 2, "a Client took more than two turns in a row: %v", order)
 	})
 }
+
+// TestKeepOnEachBackend: the keep on the test server as in memory. Client
+// x's Lock waits for y's hold twice, the second time soon after its own
+// Unlock, so its acquire reserves a spare token; the Unlock of that hold
+// keeps it (the document still names x), and x's next Lock takes it with
+// no command, under the spare token, one above the hold's, as the key's
+// counter shows. Tokens increase throughout. A long minimum backoff makes
+// every hold here short (keep.go), and is the requeue window.
+func TestKeepOnEachBackend(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, sp space) {
+		ctx := context.Background()
+		opts := []Option{WithBackoff(time.Second, 2*time.Second)}
+		mx, my := sp.client(t, opts...).NewMutex("k"), sp.client(t, opts...).NewMutex("k")
+		var seen []Token
+		note := func(m *Mutex) { seen = append(seen, m.Lease().Token()) }
+		waits := func(m *Mutex) chan error { // m's Lock, once it is registered behind the holder
+			errc := make(chan error, 1)
+			before := len(sp.read(t, "k").Waiters)
+			go func() { errc <- m.Lock(ctx) }()
+			require.Eventually(t, func() bool { return len(sp.read(t, "k").Waiters) > before }, 10*time.Second, time.Millisecond)
+			return errc
+		}
+		require.NoError(t, my.Lock(ctx))
+		note(my)
+		xLocked := waits(mx)
+		require.NoError(t, my.Unlock(ctx))
+		require.NoError(t, <-xLocked)
+		note(mx)
+		yLocked := waits(my)
+		require.NoError(t, mx.Unlock(ctx))
+		require.NoError(t, <-yLocked)
+		note(my)
+		xLocked = waits(mx) // soon after x's Unlock
+		require.NoError(t, my.Unlock(ctx))
+		require.NoError(t, <-xLocked)
+		note(mx)
+		tok := mx.Lease().Token()
+		require.Equal(t, tok+1, sp.read(t, "k").Token, "the acquire reserved a spare")
+		require.NoError(t, mx.Unlock(ctx))
+		r := sp.read(t, "k")
+		require.Equal(t, mx.c.owner, r.Owner, "the Unlock kept the hold")
+		cmds := sp.commands()
+		require.NoError(t, mx.Lock(ctx))
+		assert.Equal(t, cmds, sp.commands(), "the kept hold taken with no command")
+		note(mx)
+		assert.Equal(t, tok+1, mx.Lease().Token())
+		require.NoError(t, mx.Lease().Err())
+		yLocked = waits(my)
+		require.NoError(t, mx.Unlock(ctx)) // after a kept hold: frees the key for y
+		require.NoError(t, <-yLocked)
+		note(my)
+		require.NoError(t, my.Unlock(ctx))
+		for i := 1; i < len(seen); i++ {
+			assert.Greater(t, seen[i], seen[i-1], "tokens %v", seen)
+		}
+	})
+}
