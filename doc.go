@@ -29,7 +29,9 @@
 // across all its holds, shared or exclusive: each hold's token is greater
 // than every token handed out for the key before it. So a writer of an
 // RWMutex has a token above every reader's before it, and a [Fence] behind
-// an RWMutex works. Releases, expiries, takeovers and restarts do not
+// an RWMutex works. They may skip numbers (a Lock that waited may reserve
+// one for its Mutex's next Lock: see Fairness), so compare tokens, never
+// count holds by them. Releases, expiries, takeovers and restarts do not
 // reset the counter, and
 // neither does [Client.Prune], which deletes the documents of idle keys
 // only after raising a collection-wide floor above their tokens; the next

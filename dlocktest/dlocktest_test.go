@@ -249,8 +249,10 @@ func TestPartitionedWaiter(t *testing.T) {
 }
 
 // Several Clients, each with several goroutines, lock one key in turn, in
-// real time: at most one holds it at a time, and the tokens go up by one
-// for each hold.
+// real time: at most one holds it at a time, and the tokens go up with
+// each hold, by one, or by two where a Lock that waited reserved a token
+// for its Mutex's next Lock and that Lock did not take the hold over
+// (see "Fairness" in the package doc: the keep).
 func TestExclusion(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -294,7 +296,9 @@ func TestExclusion(t *testing.T) {
 	wg.Wait()
 	t.Logf("%d holds in %v", clients*goroutines*rounds, time.Since(start))
 	assert.EqualValues(t, 1, maxInside.Load(), "holders overlapped")
-	assert.EqualValues(t, clients*goroutines*rounds, last.Load(), "a token for each hold, none skipped")
+	holds := uint64(clients * goroutines * rounds)
+	assert.GreaterOrEqual(t, last.Load(), holds, "a token for each hold")
+	assert.LessOrEqual(t, last.Load(), 2*holds, "at most two tokens for each hold")
 }
 
 // Two Servers share nothing: the same key is free on each, and a
