@@ -137,7 +137,11 @@
 // wake after its lease's deadline and act on the protected resource before
 // it checks Err again: the lease cannot stop that, which is why each hold
 // has a token and why the resource should check it ([Fence],
-// [UpdateFenced], [UpsertFenced]). Lost closes at the local deadline when
+// [UpdateFenced], [UpsertFenced]). A fence orders writes; it does not make
+// a read-modify-write safe: an old holder's delayed write can land between
+// the next holder's read and its write, and be overwritten. Raise the fence
+// when you read ([FindFenced], or [Fence.Check] before the read as well as
+// before the write). Lost closes at the local deadline when
 // the Client's goroutine gets to run; Err reads the clock itself, so check
 // Err (or run the work under [Lease.Context]) right before acting.
 //

@@ -8,9 +8,14 @@ import "sync"
 // lock protects. The zero value is ready to use; a Fence is safe for
 // concurrent use and must not be copied after first use.
 //
+// A holder that reads the resource and writes back what it computed should
+// pass its token before the read as well as before the write: the fence
+// then refuses an older holder's delayed write that would otherwise land
+// between the two, and be overwritten.
+//
 // For a resource stored in MongoDB, use [UpdateFenced], or [UpsertFenced]
 // for a document that may not exist yet: they apply the same rule in the
-// database, in the same write as the update.
+// database, in the same write as the update; [FindFenced] reads under it.
 type Fence struct {
 	mu      sync.Mutex
 	highest Token

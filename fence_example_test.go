@@ -30,3 +30,33 @@ func ExampleUpsertFenced() {
 	// dlock: stale fencing token 3 (highest admitted 4)
 	// true
 }
+
+// A read-modify-write fenced at both ends: the read raises the fence to the
+// holder's token, so that a holder paused past its lease cannot land a
+// write between this read and this write.
+func ExampleFindFenced() {
+	ctx := context.Background()
+	coll, disconnect := exampleCollection("find_fenced")
+	defer disconnect()
+	id := bson.D{{Key: "_id", Value: "counter"}}
+	if _, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: "counter"}, {Key: "n", Value: int64(0)}}); err != nil {
+		fmt.Println(err)
+		return
+	}
+	increment := func(tok dlock.Token) error {
+		raw, err := dlock.FindFenced(ctx, coll, id, tok)
+		if err != nil {
+			return err
+		}
+		n := raw.Lookup("n").Int64() + 1
+		_, err = dlock.UpdateFenced(ctx, coll, id, bson.D{{Key: "$set", Value: bson.D{{Key: "n", Value: n}}}}, tok)
+		return err
+	}
+	fmt.Println(increment(5)) // a holder
+	fmt.Println(increment(6)) // the next one
+	fmt.Println(increment(5)) // the first, paused past its lease
+	// Output:
+	// <nil>
+	// <nil>
+	// dlock: stale fencing token 5 (highest admitted 6)
+}

@@ -43,20 +43,44 @@ func UpdateFenced(ctx context.Context, coll *mongo.Collection, filter, update an
 	if res.MatchedCount == 1 {
 		return res, nil
 	}
-	// Missed: tell a stale token from a missing document.
-	stale, err := w.stale(ctx, coll)
-	switch {
-	case errors.Is(err, mongo.ErrNoDocuments):
-		return nil, fmt.Errorf("dlock: fenced update: %w", mongo.ErrNoDocuments)
-	case err != nil:
-		return nil, fmt.Errorf("dlock: fenced update: %w", err)
-	case stale == nil:
-		// The document admits t now: it changed between the two round
-		// trips. The write missed all the same; report it as stale,
-		// without a highest token (the one that refused it is gone).
-		stale = &StaleTokenError{Token: t}
+	return nil, w.missed(ctx, coll)
+}
+
+// FindFenced reads the one document matched by filter and, in the same
+// round trip, raises its fence to t: it returns the document (after the
+// raise) only if t is at least the highest token recorded on it, and from
+// then on the document refuses every older token. A read-modify-write
+// needs it: read with FindFenced, then write with [UpdateFenced]. A plain
+// read is not enough: a holder paused past its lease between its own read
+// and write can wake after the next holder's plain read, and its write,
+// still admitted because no newer token has reached the document, lands
+// between that read and the next holder's write, which then overwrites it
+// (a lost update; the fence only orders writes). After FindFenced, that
+// late write is refused.
+//
+// A document that has seen a higher token is not returned: FindFenced
+// returns a [*StaleTokenError] (matching [ErrStaleToken]), at the cost of
+// a second round trip. A filter that matches no document returns an error
+// matching [mongo.ErrNoDocuments]. Readers that share a key (an
+// [RWMutex]'s) and do not write should read as usual: raising the fence
+// for one reader's token would refuse a concurrent reader's older one.
+//
+// ctx bounds the round trips; after an error from the network or ctx, the
+// fence may or may not have been raised.
+func FindFenced(ctx context.Context, coll *mongo.Collection, filter any, t Token) (bson.Raw, error) {
+	w, err := newFencedWrite("fenced find", coll, filter, bson.D{}, t)
+	if err != nil {
+		return nil, err
 	}
-	return nil, stale
+	after := options.FindOneAndUpdate().SetReturnDocument(options.After)
+	d, err := coll.FindOneAndUpdate(ctx, w.guarded, w.update, after).Raw()
+	switch {
+	case err == nil:
+		return d, nil
+	case !errors.Is(err, mongo.ErrNoDocuments):
+		return nil, fmt.Errorf("dlock: fenced find: %w", err)
+	}
+	return nil, w.missed(ctx, coll)
 }
 
 // upsertAttempts bounds the attempts of [UpsertFenced]: without deletes,
@@ -147,6 +171,7 @@ func upsertFenced(ctx context.Context, coll *mongo.Collection, updateOne updateO
 // A fencedWrite is a user's filter and update made into a write guarded by
 // a fencing token.
 type fencedWrite struct {
+	op      string // for errors: "fenced update", ...
 	filter  bson.D // the user's
 	guarded bson.D // filter, and t at least the document's fence
 	update  bson.D // the user's, with {$max: {FenceField: t}}
@@ -168,7 +193,26 @@ func newFencedWrite(op string, coll *mongo.Collection, filter, update any, t Tok
 	if u, err = withFence(op, u, t); err != nil {
 		return nil, err
 	}
-	return &fencedWrite{filter: f, guarded: guard(f, t), update: u, t: t}, nil
+	return &fencedWrite{op: op, filter: f, guarded: guard(f, t), update: u, t: t}, nil
+}
+
+// missed tells, after the guarded filter matched nothing, a stale token
+// (a [*StaleTokenError]) from a missing document (an error matching
+// [mongo.ErrNoDocuments]), with a second round trip.
+func (w *fencedWrite) missed(ctx context.Context, coll *mongo.Collection) error {
+	stale, err := w.stale(ctx, coll)
+	switch {
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return fmt.Errorf("dlock: %s: %w", w.op, mongo.ErrNoDocuments)
+	case err != nil:
+		return fmt.Errorf("dlock: %s: %w", w.op, err)
+	case stale == nil:
+		// The document admits t now: it changed between the two round
+		// trips. The operation missed all the same; report it as stale,
+		// without a highest token (the one that refused it is gone).
+		stale = &StaleTokenError{Token: w.t}
+	}
+	return stale
 }
 
 // stale reads the document the filter matches and returns a

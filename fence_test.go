@@ -169,6 +169,96 @@ func TestFencedWriteAfterPause(t *testing.T) {
 	assert.Equal(t, "b", d["v"])
 }
 
+// FindFenced returns the document with its fence raised to the token, and
+// refuses a token below the fence; a missing document, a nil collection and
+// a pipeline filter are errors of their own.
+func TestFindFenced(t *testing.T) {
+	coll := newColl(t)
+	ctx := context.Background()
+	_, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: "reg"}, {Key: "n", Value: 7}})
+	require.NoError(t, err)
+	id := bson.D{{Key: "_id", Value: "reg"}}
+	find := func(tok Token) (bson.M, error) {
+		raw, err := FindFenced(ctx, coll, id, tok)
+		if err != nil {
+			return nil, err
+		}
+		var d bson.M
+		require.NoError(t, bson.Unmarshal(raw, &d))
+		return d, nil
+	}
+	d, err := find(3) // no fence yet
+	require.NoError(t, err)
+	assert.EqualValues(t, 7, d["n"])
+	assert.EqualValues(t, 3, d[FenceField], "the document returned is the one after the raise")
+	d, err = find(3) // the same holder again
+	require.NoError(t, err)
+	assert.EqualValues(t, 3, d[FenceField])
+
+	_, err = find(2)
+	var se *StaleTokenError
+	require.ErrorAs(t, err, &se)
+	assert.Equal(t, StaleTokenError{Token: 2, Highest: 3}, *se)
+	require.ErrorIs(t, err, ErrStaleToken)
+
+	_, err = FindFenced(ctx, coll, bson.D{{Key: "_id", Value: "missing"}}, 9)
+	require.ErrorIs(t, err, mongo.ErrNoDocuments)
+	_, err = FindFenced(ctx, nil, id, 9)
+	require.ErrorIs(t, err, ErrInvalidOption)
+	_, err = FindFenced(ctx, coll, bson.A{id}, 9)
+	require.ErrorIs(t, err, ErrInvalidOption)
+}
+
+// The read-modify-write story: holder a reads, is paused past its lease,
+// holder b reads, a wakes and writes, b writes. With plain reads a's late
+// write is admitted (no newer token reached the document before it) and
+// b's overwrites it: both wrote 1, an increment lost. With FindFenced, b's
+// read raised the fence, and a's write is refused.
+func TestFencedReadModifyWrite(t *testing.T) {
+	ctx := context.Background()
+	const a, b = Token(1), Token(2)
+	for _, tc := range []struct {
+		name   string
+		read   func(coll *mongo.Collection, tok Token) int64
+		final  int64
+		aStale bool
+	}{
+		{"plain reads lose an update", func(coll *mongo.Collection, _ Token) int64 {
+			var d struct{ N int64 }
+			require.NoError(t, coll.FindOne(ctx, bson.D{{Key: "_id", Value: "reg"}}).Decode(&d))
+			return d.N
+		}, 1, false},
+		{"fenced reads refuse the late write", func(coll *mongo.Collection, tok Token) int64 {
+			raw, err := FindFenced(ctx, coll, bson.D{{Key: "_id", Value: "reg"}}, tok)
+			require.NoError(t, err)
+			return raw.Lookup("n").AsInt64()
+		}, 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			coll := newColl(t)
+			_, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: "reg"}, {Key: "n", Value: int64(0)}})
+			require.NoError(t, err)
+			write := func(v int64, tok Token) error {
+				_, err := UpdateFenced(ctx, coll, bson.D{{Key: "_id", Value: "reg"}},
+					bson.D{{Key: "$set", Value: bson.D{{Key: "n", Value: v}}}}, tok)
+				return err
+			}
+			va := tc.read(coll, a)
+			vb := tc.read(coll, b) // a is paused; its lease ran out, b holds
+			errA := write(va+1, a) // a wakes
+			require.NoError(t, write(vb+1, b))
+			if tc.aStale {
+				require.ErrorIs(t, errA, ErrStaleToken, "the late write is refused")
+			} else {
+				require.NoError(t, errA, "the late write is admitted: b then overwrites it")
+			}
+			var d struct{ N int64 }
+			require.NoError(t, coll.FindOne(ctx, bson.D{{Key: "_id", Value: "reg"}}).Decode(&d))
+			assert.Equal(t, tc.final, d.N, "1 either way: with plain reads both writes were admitted, and one was lost")
+		})
+	}
+}
+
 // UpsertFenced creates the document on first use and from then on works as
 // UpdateFenced: a lower token is stale and changes nothing, the same or a
 // higher one updates.

@@ -36,6 +36,7 @@ func readHistory(path string) ([]event, error) {
 // report is what a history shows.
 type report struct {
 	holds, reads, writes     int
+	staleReads               int // fenced reads refused
 	accepted, stale, unknown int
 	late                     int            // writes admitted after the faults stopped
 	faults                   map[string]int // injected, by kind
@@ -266,9 +267,10 @@ func checkExclusion(events []event, r *report) {
 // Register operations for porcupine.
 type (
 	regInput struct {
-		write bool
-		tok   uint64
-		v     int64
+		write  bool
+		fenced bool // a read that raises the fence to tok (dlock.FindFenced); writes always do
+		tok    uint64
+		v      int64
 	}
 	regState struct {
 		v     int64
@@ -278,22 +280,30 @@ type (
 
 // registerModel: a register behind a fence. A write is admitted when its
 // token is at least the highest admitted so far, and then sets the value
-// and the fence. A write reported ok must have been admitted, one reported
-// stale must not; one whose outcome is unknown may have been admitted or
-// not, at any moment of its span (porcupine tries both). A read returns
-// the value.
+// and the fence; a fenced read likewise, and then raises the fence and
+// returns the value. An operation reported ok must have been admitted, one
+// reported stale must not; one whose outcome is unknown may have been
+// admitted or not, at any moment of its span (porcupine tries both). A
+// plain read returns the value. A read's output is the value read, or its
+// outcome (resStale, resUnknown) when it returned none.
 var registerModel = (&porcupine.NondeterministicModel{
 	Init: func() []any { return []any{regState{}} },
 	Step: func(state, input, output any) []any {
 		s, in := state.(regState), input.(regInput)
-		if !in.write {
-			if output.(int64) == s.v {
-				return []any{s}
-			}
-			return nil
-		}
 		admitted := in.tok >= s.fence
 		next := regState{v: in.v, fence: in.tok}
+		if !in.write {
+			next.v = s.v
+			if !in.fenced {
+				next, admitted = s, true
+			}
+			if v, ok := output.(int64); ok {
+				if admitted && v == s.v {
+					return []any{next}
+				}
+				return nil
+			}
+		}
 		switch res := output.(string); {
 		case res == resOK && admitted:
 			return []any{next}
@@ -333,12 +343,19 @@ func checkRegisters(events []event, final map[string]int64, end int64, r *report
 			c := calls[e.ID]
 			delete(calls, e.ID)
 			r.reads++
-			ops[c.Key] = append(ops[c.Key], porcupine.Operation{ClientId: c.P, Input: regInput{}, Call: c.T, Output: e.V, Return: e.T})
+			var out any = e.V
+			if e.Res != resOK {
+				out = e.Res
+			}
+			if e.Res == resStale {
+				r.staleReads++
+			}
+			ops[c.Key] = append(ops[c.Key], porcupine.Operation{ClientId: c.P, Input: regInput{fenced: !c.Sh, tok: c.Tok}, Call: c.T, Output: out, Return: e.T})
 		case opWriteRet:
 			c := calls[e.ID]
 			delete(calls, e.ID)
 			r.writes++
-			ops[c.Key] = append(ops[c.Key], porcupine.Operation{ClientId: c.P, Input: regInput{true, c.Tok, c.V}, Call: c.T, Output: e.Res, Return: e.T})
+			ops[c.Key] = append(ops[c.Key], porcupine.Operation{ClientId: c.P, Input: regInput{write: true, tok: c.Tok, v: c.V}, Call: c.T, Output: e.Res, Return: e.T})
 			switch e.Res {
 			case resOK:
 				r.accepted++
@@ -359,11 +376,14 @@ func checkRegisters(events []event, final map[string]int64, end int64, r *report
 		}
 	}
 	for _, c := range calls { // calls of killed processes: no return
-		if c.Op == opWriteCall {
+		switch {
+		case c.Op == opWriteCall:
 			r.writes++
 			r.unknown++
 			unknown[c.Key]++
-			ops[c.Key] = append(ops[c.Key], porcupine.Operation{ClientId: c.P, Input: regInput{true, c.Tok, c.V}, Call: c.T, Output: resUnknown, Return: end})
+			ops[c.Key] = append(ops[c.Key], porcupine.Operation{ClientId: c.P, Input: regInput{write: true, tok: c.Tok, v: c.V}, Call: c.T, Output: resUnknown, Return: end})
+		case !c.Sh: // a fenced read may have raised the fence
+			ops[c.Key] = append(ops[c.Key], porcupine.Operation{ClientId: c.P, Input: regInput{fenced: true, tok: c.Tok}, Call: c.T, Output: resUnknown, Return: end})
 		}
 	}
 	for key, h := range ops {

@@ -54,7 +54,7 @@ func testCheckerRegisters(t *testing.T) {
 		h := []event{
 			{P: p, Op: opValid, Key: "k", Tok: tok, T: t0},
 			{P: p, Op: opReadCall, Key: "k", Tok: tok, ID: id, T: t0 + 1},
-			{P: p, Op: opReadRet, ID: id, V: read, T: t0 + 2},
+			{P: p, Op: opReadRet, ID: id, V: read, Res: resOK, T: t0 + 2},
 			{P: p, Op: opWriteCall, Key: "k", Tok: tok, ID: id + 1, V: read + 1, T: t0 + 3},
 		}
 		if res != "" {
@@ -81,6 +81,39 @@ func testCheckerRegisters(t *testing.T) {
 			{P: 1, Op: opWriteCall, Key: "k", Tok: 1, ID: 11, V: 1, T: 20},
 			{P: 1, Op: opWriteRet, ID: 11, Res: resOK, T: 21},
 		}}, true, 1},
+
+		// A late write between the next holder's read and write: the
+		// CI failure's history, with plain reads. A fenced read raised
+		// the fence, so the late write must have been refused.
+		{"late write admitted between a fenced read and its write", 1, [][]event{rw(1, 10, 1, 0, 0, "")[:3], rw(2, 20, 2, 10, 0, "")[:3], {
+			{P: 1, Op: opWriteCall, Key: "k", Tok: 1, ID: 11, V: 1, T: 13},
+			{P: 1, Op: opWriteRet, ID: 11, Res: resOK, T: 14},
+			{P: 2, Op: opWriteCall, Key: "k", Tok: 2, ID: 21, V: 1, T: 15},
+			{P: 2, Op: opWriteRet, ID: 21, Res: resOK, T: 16},
+		}}, true, 1},
+		{"late write refused between a fenced read and its write", 1, [][]event{rw(1, 10, 1, 0, 0, "")[:3], rw(2, 20, 2, 10, 0, "")[:3], {
+			{P: 1, Op: opWriteCall, Key: "k", Tok: 1, ID: 11, V: 1, T: 13},
+			{P: 1, Op: opWriteRet, ID: 11, Res: resStale, T: 14},
+			{P: 2, Op: opWriteCall, Key: "k", Tok: 2, ID: 21, V: 1, T: 15},
+			{P: 2, Op: opWriteRet, ID: 21, Res: resOK, T: 16},
+		}}, false, 0},
+		{"old holder's fenced read refused", 1, [][]event{rw(2, 20, 2, 0, 0, resOK), {
+			{P: 1, Op: opReadCall, Key: "k", Tok: 1, ID: 11, T: 10},
+			{P: 1, Op: opReadRet, ID: 11, Res: resStale, T: 11},
+		}}, false, 0},
+		{"new holder's fenced read refused", 0, [][]event{{
+			{P: 1, Op: opReadCall, Key: "k", Tok: 1, ID: 11, T: 10},
+			{P: 1, Op: opReadRet, ID: 11, Res: resStale, T: 11},
+		}}, true, 0},
+		{"old holder's fenced read admitted after a newer write", 1, [][]event{rw(2, 20, 2, 0, 0, resOK), rw(1, 10, 1, 10, 1, "")[:3]}, true, 0},
+		{"fenced read of a killed process raised the fence", 0, [][]event{rw(1, 10, 1, 0, 0, "")[:3], rw(2, 20, 2, 10, 0, "")[:2], {
+			{P: 1, Op: opWriteCall, Key: "k", Tok: 1, ID: 11, V: 1, T: 20},
+			{P: 1, Op: opWriteRet, ID: 11, Res: resStale, T: 21},
+		}}, false, 0},
+		{"reader's plain read beside an older token", 1, [][]event{rw(2, 20, 2, 0, 0, resOK), {
+			{P: 1, Op: opReadCall, Key: "k", Tok: 1, ID: 11, Sh: true, T: 10},
+			{P: 1, Op: opReadRet, ID: 11, V: 1, Res: resOK, T: 11},
+		}}, false, 0},
 
 		// Writes of unknown outcome: applied or not, and the final value
 		// with or without them, all pass; a lost update among them does not.

@@ -267,8 +267,8 @@ func run(t *testing.T, sc scenario) report {
 		final[r.ID] = r.Value
 	}
 	r := check(events, final, time.Now().UnixNano(), calm.UnixNano())
-	t.Logf("%d processes over %v; faults %v; %d holds, %d lost, %d taken over by another process (smallest Lost-to-takeover margin %v) and %d from a frozen or killed holder; %d reads, %d writes: %d admitted, %d stale rejected, %d unknown; %d admitted after the faults; final registers %v; %d lost updates, %d violations",
-		next, sc.duration, r.faults, r.holds, r.lost, len(r.margins), r.minMargin(), r.excused, r.reads, r.writes, r.accepted, r.stale, r.unknown, r.late, final, r.lostUpdates, len(r.violations))
+	t.Logf("%d processes over %v; faults %v; %d holds, %d lost, %d taken over by another process (smallest Lost-to-takeover margin %v) and %d from a frozen or killed holder; %d reads (%d stale), %d writes: %d admitted, %d stale rejected, %d unknown; %d admitted after the faults; final registers %v; %d lost updates, %d violations",
+		next, sc.duration, r.faults, r.holds, r.lost, len(r.margins), r.minMargin(), r.excused, r.reads, r.staleReads, r.writes, r.accepted, r.stale, r.unknown, r.late, final, r.lostUpdates, len(r.violations))
 	if !assert.Empty(t, r.violations) {
 		keepHistory(t, logPath)
 	}

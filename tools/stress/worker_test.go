@@ -67,8 +67,8 @@ const (
 	opFault     = "fault"      // a fault (Res: its kind) begins; the parent logs process faults with P the process struck, P 0 for the server
 	opThawed    = "thawed"     // the parent resumed process P (SIGCONT), after a fault faultFreeze
 	opValid     = "valid"      // the holder checked its lease: valid at T or later
-	opReadCall  = "read-call"  // reading the register
-	opReadRet   = "read-ret"   // V is the value read
+	opReadCall  = "read-call"  // reading the register, fenced by Tok unless Sh
+	opReadRet   = "read-ret"   // Res: resOK (V is the value read), resStale or resUnknown
 	opWriteCall = "write-call" // writing V to the register, fenced by Tok
 	opWriteRet  = "write-ret"  // Res: resOK, resStale or resUnknown
 )
@@ -110,7 +110,7 @@ func connect(uri string) (*mongo.Database, error) {
 }
 
 // runWorker contends for the keys until the stop time. Inside each hold it
-// reads the key's register and writes it back plus one, fenced by the
+// reads the key's register and writes it back plus one, both fenced by the
 // hold's token, recording every step. Until the calm time it injects the
 // network faults it was given into some of its holds.
 func runWorker() error {
@@ -226,16 +226,16 @@ func runWorker() error {
 		} else if valid() {
 			seq++
 			id := proc*1_000_000 + seq
-			h.log(event{Op: opReadCall, Key: key, Tok: tok, ID: id, T: now()})
-			var reg struct{ Value int64 }
-			if err := data.FindOne(l.Context(), bson.D{{Key: "_id", Value: key}}).Decode(&reg); err == nil {
-				h.log(event{Op: opReadRet, ID: id, V: reg.Value, T: now()})
+			h.log(event{Op: opReadCall, Key: key, Tok: tok, ID: id, Sh: sh, T: now()})
+			v, res := read(l.Context(), data, key, l.Token(), sh)
+			h.log(event{Op: opReadRet, ID: id, V: v, Res: res, T: now()})
+			if res == resOK {
 				time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond) // the work
 				if valid() && !sh {                                         // readers only read
 					seq++
 					id := proc*1_000_000 + seq
-					h.log(event{Op: opWriteCall, Key: key, Tok: tok, ID: id, V: reg.Value + 1, T: now()})
-					res := write(data, key, reg.Value+1, l.Token())
+					h.log(event{Op: opWriteCall, Key: key, Tok: tok, ID: id, V: v + 1, T: now()})
+					res := write(data, key, v+1, l.Token())
 					h.log(event{Op: opWriteRet, ID: id, Res: res, T: now()})
 				}
 			}
@@ -313,6 +313,33 @@ func (h *leaderHolder) lock(ctx context.Context) (*dlock.Lease, error) {
 }
 func (h *leaderHolder) unlock(ctx context.Context) error { return h.l.Release(ctx) }
 func (*leaderHolder) shared() bool                       { return false }
+
+// read reads the register and says what became of the read. A writer's
+// read is fenced by t ([dlock.FindFenced]): it raises the register's fence,
+// so that an older holder's write, delayed past its lease, cannot land
+// between this read and the write that follows it (a lost update). A
+// shared holder's read is a plain one: readers do not write, and raising
+// the fence to one reader's token would refuse another's older one.
+func read(ctx context.Context, data *mongo.Collection, key string, t dlock.Token, shared bool) (int64, string) {
+	var reg struct{ Value int64 }
+	var err error
+	if shared {
+		err = data.FindOne(ctx, bson.D{{Key: "_id", Value: key}}).Decode(&reg)
+	} else {
+		var raw bson.Raw
+		if raw, err = dlock.FindFenced(ctx, data, bson.D{{Key: "_id", Value: key}}, t); err == nil {
+			err = bson.Unmarshal(raw, &reg)
+		}
+	}
+	switch {
+	case err == nil:
+		return reg.Value, resOK
+	case errors.Is(err, dlock.ErrStaleToken):
+		return 0, resStale
+	default:
+		return 0, resUnknown
+	}
+}
 
 // write sets the register to v, fenced by t, and says what became of it.
 // It does not use the lease's context: a write that a pause delayed past
