@@ -334,7 +334,8 @@ func kindError(key, want, got string) error {
 // is free.
 //
 // A Lock whose Mutex's last Unlock kept its hold (keep.go) first takes
-// that hold over, one command. A wait that adopted a requeued
+// that hold over, with no command (a hold another Mutex of the key kept
+// for itself is handed over by one write, as a local handoff is). A wait that adopted a requeued
 // registration sends no command until its turn is due, then acquire
 // attempts, whatever its place as last seen (turn.go); after turnRetries
 // early ones, or any other failure, it polls as other waits do. The head
@@ -378,10 +379,10 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 	queues := !try && c.queues(a.kind)
 	_, spares := cl.lk.(requeuer) // its Unlock may keep a hold (keep.go): reserve a spare token
 	spares = spares && c.cfg.flaw != flawNoTurnPlan && c.cfg.flaw != flawUnfair && cl.pace.spare(cl.cfg)
-	pr := c.pickUp(a) // what the last Unlock left for this call: a kept hold, or a registration
-	kept := false     // this call sent a kept hold's handoff (flawKeepAlways only)
+	pr := c.pickUp(a, cl.pace) // what the last Unlock left for this call: a kept hold, or a registration
+	kept := false              // this call sent a kept hold's handoff (flawKeepAlways, or another Mutex's hold)
 	if pr != nil && pr.kept() {
-		kept = pr.handoff
+		kept = pr.handoff || pr.foreign
 		l, sent, err := c.resume(ctx, cl, a, pr)
 		switch {
 		case err == nil:

@@ -126,7 +126,7 @@ func (c *Client) keep(l *Lease, cl claim) bool {
 	if h.Err() != nil || c.isClosing() {
 		return false
 	}
-	c.leaveFor(cl, &leftover{lease: h, a: a, handoff: handoff, taken: make(chan struct{})})
+	c.leaveFor(cl, &leftover{lease: h, a: a, pace: cl.pace, handoff: handoff, taken: make(chan struct{})})
 	return true
 }
 
@@ -137,13 +137,20 @@ func (c *Client) keep(l *Lease, cl claim) bool {
 // is the kept hold's: counted from its last write's send. It returns
 // ErrClosed when Close had begun (the hold is then given back), and
 // errNotOwner, with the hold released in the background, when it was
-// past its deadline. For flawKeepAlways, a hold kept without a spare is
-// handed over by a write: a new hold with a's hold id and a new token,
-// taken past the queue; then any other error leaves the hold perhaps a's,
-// and the caller's next attempt, with a's hold id, finds and renews it.
+// past its deadline.
+//
+// A hold kept for another primitive (lo.foreign), or, for flawKeepAlways,
+// kept without a spare, is handed over by a write instead: a new hold
+// with a's hold id, data and a new token. The keep's own handoff is taken
+// past the queue (the queue was passed by the hold's own acquire);
+// another primitive's is not, as a local handoff is not: if waiters of
+// other Clients are queued it is refused, the hold is released (a second
+// command), and errNotOwner returned, the caller queueing behind them.
+// Any other error leaves the hold perhaps a's, and the caller's next
+// attempt, with a's hold id, finds and renews it.
 func (c *Client) resume(ctx context.Context, cl claim, a attempt, lo *leftover) (*Lease, int, error) {
 	h := lo.lease
-	if !lo.handoff {
+	if !lo.handoff && !lo.foreign {
 		next := a
 		next.hold = h.hold
 		l, err := c.grant(cl, next, h.token, roleExclusive, h.lastSent())
@@ -157,9 +164,16 @@ func (c *Client) resume(ctx context.Context, cl claim, a attempt, lo *leftover) 
 		return l, 0, err
 	}
 	next := a
-	next.barge = true // its turn goes on: the queue was passed by the hold's own acquire
+	next.barge = !lo.foreign
 	sent := c.clock.Now()
 	r, err := c.store.handoff(ctx, h.ref(), next)
+	if errors.Is(err, errNotOwner) && !next.barge {
+		ref := h.ref()
+		if c.store.release(ctx, ref) != nil {
+			c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
+		}
+		return nil, 2, errNotOwner
+	}
 	if err != nil {
 		return nil, 1, err
 	}

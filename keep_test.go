@@ -107,6 +107,57 @@ func TestKeep(t *testing.T) {
 			require.NoError(t, mb.Unlock(ctx))
 		})
 	})
+	t.Run("another Mutex takes it by a write, with its data", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			st := newMemStore()
+			a, ha := memClient(t, st)
+			b, _ := memClient(t, st)
+			ctx := context.Background()
+			tok := keptBy(t, a.NewMutex("k", WithData([]byte("A"))), b.NewMutex("k"), nil)
+			require.Equal(t, "A", string(holder(st, "k").Data), "the kept hold")
+			mc := a.NewMutex("k", WithData([]byte("C")))
+			cmds := ha.total()
+			require.NoError(t, mc.Lock(ctx))
+			assert.Equal(t, cmds+1, ha.total(), "one command: the handoff")
+			assert.Equal(t, "C", string(holder(st, "k").Data), "the document shows the other Mutex's data")
+			assert.Equal(t, "C", string(mc.Lease().Data()))
+			assert.Greater(t, mc.Lease().Token(), tok+1, "a new token, above the kept hold's spare")
+			hs, err := b.Holders(ctx, "k")
+			require.NoError(t, err)
+			require.Len(t, hs, 1)
+			assert.Equal(t, "C", string(hs[0].Data))
+			require.NoError(t, mc.Unlock(ctx))
+		})
+	})
+	t.Run("another Mutex queues behind other Clients' waiters", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			st := newMemStore()
+			a, _ := memClient(t, st)
+			b, _ := memClient(t, st)
+			ctx := context.Background()
+			mb := b.NewMutex("k")
+			bErr := make(chan error, 1)
+			keptBy(t, a.NewMutex("k"), mb, func() {
+				go func() { bErr <- mb.Lock(ctx) }()
+				synctest.Wait() // b waits, registered
+			})
+			mc := a.NewMutex("k", WithData([]byte("C")))
+			cErr := make(chan error, 1)
+			go func() { cErr <- mc.Lock(ctx) }()
+			select {
+			case err := <-bErr:
+				require.NoError(t, err, "b, queued first, gets the key")
+			case <-cErr:
+				require.FailNow(t, "the other Mutex took the kept hold past b, queued first")
+			}
+			synctest.Wait()
+			assert.Equal(t, b.owner, holder(st, "k").Owner)
+			require.NoError(t, mb.Unlock(ctx))
+			require.NoError(t, <-cErr)
+			assert.Equal(t, "C", string(holder(st, "k").Data))
+			require.NoError(t, mc.Unlock(ctx))
+		})
+	})
 	t.Run("Close releases it", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			st := newMemStore()

@@ -37,7 +37,9 @@ type leftover struct {
 	r       record        // a registration: the record the requeue wrote
 	at      time.Time     // a registration: when the requeue's reply came, when the adopting Lock joined the queue
 	busy    time.Duration // a registration: how long the holds it ended lasted, from their first acquire's send to at
+	pace    *pacing       // the primitive it was left for
 	handoff bool          // a kept hold without a spare: its pick-up is a handoff write (flawKeepAlways only)
+	foreign bool          // a kept hold picked up by another primitive than pace's: set by pickUp
 	taken   chan struct{} // closed when a Lock picks it up
 }
 
@@ -109,7 +111,7 @@ func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) 
 		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, reg.ref()) })
 		return true, nil
 	}
-	c.leaveFor(cl, &leftover{lease: reg, a: a, r: r, at: at, busy: at.Sub(cl.pace.batchSince(l.acquired)), taken: make(chan struct{})})
+	c.leaveFor(cl, &leftover{lease: reg, a: a, pace: cl.pace, r: r, at: at, busy: at.Sub(cl.pace.batchSince(l.acquired)), taken: make(chan struct{})})
 	return true, nil
 }
 
@@ -163,10 +165,12 @@ func (c *Client) dispose(lo *leftover) {
 }
 
 // pickUp returns what the last Unlock left for an exclusive acquire of
-// a's key, kind and TTL (a kept hold is ended: the caller hands it over),
-// or nil when there is none. One of another kind or TTL, or whose lease
-// has ended, is disposed of.
-func (c *Client) pickUp(a attempt) *leftover {
+// a's key, kind and TTL by the primitive whose pacing is pace (a kept hold
+// is ended: the caller hands it over, and lo.foreign tells whether it was
+// kept for another primitive), or nil when there is none. One of another
+// kind or TTL, or whose lease has ended, is disposed of. A registration
+// is adopted by any primitive's Lock: it is only a place in the queue.
+func (c *Client) pickUp(a attempt, pace *pacing) *leftover {
 	c.mu.Lock()
 	lo := c.leftovers[a.key]
 	delete(c.leftovers, a.key)
@@ -180,6 +184,7 @@ func (c *Client) pickUp(a attempt) *leftover {
 		return nil
 	}
 	if lo.kept() {
+		lo.foreign = lo.pace != pace
 		lo.lease.end(ErrReleased, "")
 	}
 	return lo
