@@ -203,7 +203,8 @@
 // for a Client that crashed meanwhile, its TTL, as for any waiter.
 //
 // A Mutex's Unlock under the same conditions keeps the hold instead, if
-// the hold was short and was not itself kept (the keep): it sends no
+// the hold was short, its acquire reserved a spare token (below) and it
+// was not itself kept (the keep): it sends no
 // write, the hold stays in the document (nothing relies on it, and it is
 // not extended), and the Mutex's next Lock takes it over with no command
 // at all, a new Lease with a new token. The token is one the hold's own
@@ -212,7 +213,12 @@
 // number, so the counter is the spare, above every token handed out and
 // below every later one. The kept hold's Lease relies on the hold's last
 // write, as the hold did (its deadline is the same), and is extended from
-// then on. A kept hold has no spare, so the Unlock after it requeues. So a
+// then on (and [WithMaxHold] counts from that write). Only the Mutex
+// that kept the hold takes it with no command: another Mutex of the key
+// in the same Client, whose Lock comes first, takes it over by one write
+// that carries its own data, and only if no other Client's waiter is
+// queued (else the hold is released and that Lock queues behind them).
+// A kept hold has no spare, so the Unlock after it requeues. So a
 // Client that loops takes two turns in a row, and the hand-overs between
 // Clients, each of which costs a release, an acquire and the time the key
 // waits for the next holder's attempt, are halved. A hold is short when
@@ -228,7 +234,8 @@
 // after it joined, with k waiters ahead, a turn being learnt by the Mutex
 // from its earlier waits (at first, the length of its own last hold).
 // Then it sends acquire attempts, a short interval apart (a sixteenth of
-// a turn, and at least the last attempt's round trip), which take the key
+// a turn, within a sixteenth of the minimum backoff and half the maximum,
+// and at least the last attempt's round trip), which take the key
 // once every waiter ahead is gone; after eight early attempts it goes
 // back to polling as below. A first attempt that took the key makes the
 // next wait aim earlier, one that was early makes it aim later, so that
@@ -282,9 +289,10 @@
 // work, Unlock under steady contention spends, every two turns, the
 // Unlock's write that requeues its next Lock, the acquire that takes the
 // key, and its early attempts (the Unlock that keeps the hold and the
-// Lock that takes it over send nothing): measured, 1.3 to 2 commands an
-// acquisition with short holds, about 3 with holds too long to keep
-// (README, "Fairness across processes"). A registered waiter's acquire does not
+// Lock that takes it over send nothing): measured, 1.1 to 2.1 commands an
+// acquisition with short holds (up to 2.4 in other runs of 8 Clients
+// holding 20 ms), 2.7 to 3.2 with holds too long to keep (README,
+// "Fairness across processes"). A registered waiter's acquire does not
 // upsert (its document exists), so an early one costs the server no
 // failed insert. The uncontended Lock and
 // Unlock filter on w (no waiter registered) and write nothing more.

@@ -61,7 +61,13 @@ func UpdateFenced(ctx context.Context, coll *mongo.Collection, filter, update an
 // A document that has seen a higher token is not returned: FindFenced
 // returns a [*StaleTokenError] (matching [ErrStaleToken]), at the cost of
 // a second round trip. A filter that matches no document returns an error
-// matching [mongo.ErrNoDocuments]. Readers that share a key (an
+// matching [mongo.ErrNoDocuments], and raises no fence: a paused
+// holder's late [UpsertFenced] can then still create the document after
+// the read, and be overwritten. A read-modify-write whose document may not
+// exist yet should create it first (an UpsertFenced whose update sets the
+// initial value with $setOnInsert, which also raises the fence,
+// or an insert that ignores a duplicate key) and then read it with
+// FindFenced. Readers that share a key (an
 // [RWMutex]'s) and do not write should read as usual: raising the fence
 // for one reader's token would refuse a concurrent reader's older one.
 //
@@ -293,7 +299,11 @@ func pinnedID(filter bson.D) (int, any, error) {
 // [ErrInvalidOption].
 func toDoc(op, what string, v any) (bson.D, error) {
 	if isArray(v) {
-		return nil, fmt.Errorf("%w: %s: the %s is a %T: give a document (pipeline updates are not supported)", ErrInvalidOption, op, what, v)
+		why := ""
+		if what == "update" {
+			why = " (pipeline updates are not supported)"
+		}
+		return nil, fmt.Errorf("%w: %s: the %s is a %T: give a document%s", ErrInvalidOption, op, what, v, why)
 	}
 	b, err := bson.Marshal(v)
 	if err != nil {

@@ -23,10 +23,13 @@ type Holder struct {
 // holder that no longer relies on its hold; a hold is being acquired may
 // show a token that is then raised, once, above the collection's floor
 // (see [Client.Prune]). The exclusive holder's Token is the key's token
-// counter: for a Mutex's hold that waited in the queue, that is one above
-// the holder's [Lease.Token], a token reserved for the Mutex's next Lock
-// (see "Fairness" in the package doc), which may hold by it without a
-// write, so the list shows no change when it does.
+// counter, which is the holder's [Lease.Token] except when the hold's
+// acquire reserved a spare (a Mutex's hold that waited in the queue after
+// a short hold: see "Fairness" in the package doc): then it is one above,
+// the token of the Mutex's next Lock, which may hold by it without a
+// write, so the list shows no change when it does. So a Holder's Token is
+// for display and ordering only: never raise a fence to it, which could
+// refuse the holder's own writes.
 func (c *Client) Holders(ctx context.Context, key string) ([]Holder, error) {
 	if c == nil {
 		return nil, ErrNoClient

@@ -72,9 +72,9 @@ func (p *pacing) batchSince(from time.Time) time.Time {
 	return from
 }
 
-// keeping reports whether an Unlock at now, of a hold that its Lock had
+// keeping reports whether an Unlock of a hold that its Lock had
 // to wait for, keeps the hold (see the file's comment).
-func (p *pacing) keeping(now time.Time, cfg *config) bool {
+func (p *pacing) keeping(cfg *config) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.held.IsZero() {

@@ -33,7 +33,7 @@ type Lease struct {
 	role     role  // exclusive or shared (or, internally, a waiter's registration)
 	ttl      time.Duration
 	every    time.Duration
-	acquired time.Time     // on the Client's clock: when the acquire (or handoff) that made the hold was sent
+	acquired time.Time     // on the Client's clock: when the acquire (or handoff) that made the hold was sent; for a kept hold's lease, the hold's last write's send, from which WithMaxHold counts too
 	maxHold  time.Duration // WithMaxHold; 0 for no cap
 	holdEnd  time.Time     // with maxHold: acquired+maxHold, which the deadline never passes; else zero
 	stop     time.Time     // with maxHold: holdEnd-ttl, after which no extension is sent; else zero

@@ -22,7 +22,8 @@ import "time"
 // quarter of a retry interval earlier; when it failed, half an interval
 // later. So about a third of the first attempts are early, and the key
 // rarely stays free and owed to a waiter for longer than a retry
-// interval, a sixteenth of a turn. A wait whose turn has not come after
+// interval: a sixteenth of a turn, but at least a sixteenth of the
+// minimum backoff and at most half the maximum (turnRetry). A wait whose turn has not come after
 // turnRetries attempts goes back to the ordinary schedule (reads, and
 // watches of the holder and of the waiters ahead), which clears crashed
 // holders and waiters.

@@ -110,6 +110,20 @@ func testCheckerRegisters(t *testing.T) {
 			{P: 1, Op: opWriteCall, Key: "k", Tok: 1, ID: 11, V: 1, T: 20},
 			{P: 1, Op: opWriteRet, ID: 11, Res: resStale, T: 21},
 		}}, false, 0},
+		// A fenced read of unknown outcome (its context ended, say) may
+		// have raised the fence, or not: both pass.
+		{"unknown fenced read raised the fence", 0, [][]event{{
+			{P: 2, Op: opReadCall, Key: "k", Tok: 2, ID: 21, T: 10},
+			{P: 2, Op: opReadRet, ID: 21, Res: resUnknown, T: 11},
+			{P: 1, Op: opWriteCall, Key: "k", Tok: 1, ID: 11, V: 1, T: 20},
+			{P: 1, Op: opWriteRet, ID: 11, Res: resStale, T: 21},
+		}}, false, 0},
+		{"unknown fenced read did not raise the fence", 1, [][]event{{
+			{P: 2, Op: opReadCall, Key: "k", Tok: 2, ID: 21, T: 10},
+			{P: 2, Op: opReadRet, ID: 21, Res: resUnknown, T: 11},
+			{P: 1, Op: opWriteCall, Key: "k", Tok: 1, ID: 11, V: 1, T: 20},
+			{P: 1, Op: opWriteRet, ID: 11, Res: resOK, T: 21},
+		}}, false, 0},
 		{"reader's plain read beside an older token", 1, [][]event{rw(2, 20, 2, 0, 0, resOK), {
 			{P: 1, Op: opReadCall, Key: "k", Tok: 1, ID: 11, Sh: true, T: 10},
 			{P: 1, Op: opReadRet, ID: 11, V: 1, Res: resOK, T: 11},

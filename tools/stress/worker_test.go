@@ -319,7 +319,10 @@ func (*leaderHolder) shared() bool                       { return false }
 // so that an older holder's write, delayed past its lease, cannot land
 // between this read and the write that follows it (a lost update). A
 // shared holder's read is a plain one: readers do not write, and raising
-// the fence to one reader's token would refuse another's older one.
+// the fence to one reader's token would refuse another's older one. Unlike
+// write, it runs under the lease's context: a read after the lease ended
+// is cancelled (its outcome unknown: the checker allows a fenced read that
+// raised the fence, or not), and the hold writes nothing after it.
 func read(ctx context.Context, data *mongo.Collection, key string, t dlock.Token, shared bool) (int64, string) {
 	var reg struct{ Value int64 }
 	var err error
