@@ -286,13 +286,13 @@ func (c *Client) isClosing() bool {
 // from any caller's, bounded by timeout (and by cleanupTimeout), and
 // cancelled if Close cannot wait for it. Once Close has stopped waiting
 // for clean-ups it does nothing: every clean-up write only frees a key
-// sooner than its TTL would.
-func (c *Client) tidy(timeout time.Duration, write func(ctx context.Context)) {
+// sooner than its TTL would. It reports whether it ran write.
+func (c *Client) tidy(timeout time.Duration, write func(ctx context.Context)) bool {
 	c.mu.Lock()
 	ok := c.tidying.add()
 	c.mu.Unlock()
 	if !ok {
-		return
+		return false
 	}
 	go func() {
 		defer func() {
@@ -304,6 +304,7 @@ func (c *Client) tidy(timeout time.Duration, write func(ctx context.Context)) {
 		defer cancel()
 		write(ctx)
 	}()
+	return true
 }
 
 // enter takes this Client's slot for the claim's key, queueing behind other

@@ -385,3 +385,51 @@ func TestRequeueGivenUp(t *testing.T) {
 		require.NoError(t, mc.Unlock(ctx))
 	})
 }
+
+// TestRequeueDuringClose: an Unlock whose requeue write is still under
+// way when Close, its context ended, stops waiting for it removes the
+// registration it made itself: no clean-up runs after Close, and the
+// registration would otherwise hold up the waiters behind it for a TTL.
+func TestRequeueDuringClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		a, ha := memClient(t, st)
+		b, _ := memClient(t, st)
+		c, _ := memClient(t, st)
+		ma, mb, mc := a.NewMutex("k"), b.NewMutex("k"), c.NewMutex("k")
+		ctx := context.Background()
+		lock := func(m *Mutex) chan error {
+			ch := make(chan error, 1)
+			go func() { ch <- m.Lock(ctx) }()
+			synctest.Wait()
+			return ch
+		}
+		require.NoError(t, mc.Lock(ctx)) // as in TestRequeueGivenUp
+		aErr, bErr := lock(ma), lock(mb)
+		require.NoError(t, mc.Unlock(ctx))
+		require.NoError(t, <-aErr)
+		require.NoError(t, ma.Unlock(ctx))
+		aErr = lock(ma) // at once: a's next Unlock requeues
+		require.NoError(t, <-bErr)
+		require.NoError(t, mb.Unlock(ctx))
+		bErr = lock(mb) // b registers before a takes the key
+		require.NoError(t, <-aErr)
+		require.Equal(t, []string{b.owner}, waiters(st, "k"))
+
+		time.Sleep(10 * time.Millisecond) // work: a hold too long to keep (keep.go)
+		gate := make(chan struct{})
+		ha.on("requeue", func(_ context.Context, call func() error) error { <-gate; return call() })
+		unlocked := make(chan error, 1)
+		go func() { unlocked <- ma.Unlock(ctx) }()
+		synctest.Wait() // the requeue write waits at the gate
+		closing, cancel := context.WithCancel(ctx)
+		cancel()
+		a.Close(closing) // cannot wait for the Unlock: its error is the cancelled releases'
+		close(gate)
+		require.NoError(t, <-unlocked)
+		require.Equal(t, 1, ha.count("requeue"), "the Unlock requeued")
+		require.NoError(t, <-bErr, "b takes the key a's requeue freed")
+		assert.Empty(t, waiters(st, "k"), "the requeued registration outlived Close")
+		require.NoError(t, mb.Unlock(ctx))
+	})
+}

@@ -126,8 +126,7 @@ func (c *Client) keep(l *Lease, cl claim) bool {
 	if h.Err() != nil || c.isClosing() {
 		return false
 	}
-	c.leaveFor(cl, &leftover{lease: h, a: a, pace: cl.pace, handoff: handoff, taken: make(chan struct{})})
-	return true
+	return c.leaveFor(cl, &leftover{lease: h, a: a, pace: cl.pace, handoff: handoff, taken: make(chan struct{})})
 }
 
 // resume gives the hold kept in lo (which pickUp ended) to attempt a of

@@ -107,18 +107,26 @@ func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) 
 	cl.pace.sawQueue(r.Queue)
 	reg := c.newLease(nil, cl.cfg, a, 0, roleWaiter, sent)
 	reg.data = nil
-	if !c.ext.add(reg) { // closing
-		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, reg.ref()) })
+	if !c.ext.add(reg) { // Close could not wait for this call: remove the registration now, as no clean-up may run
+		c.store.release(ctx, reg.ref()) // on failure it lapses a TTL from now, as a crashed waiter's does
+		reg.end(ErrReleased, "")
 		return true, nil
 	}
-	c.leaveFor(cl, &leftover{lease: reg, a: a, pace: cl.pace, r: r, at: at, busy: at.Sub(cl.pace.batchSince(l.acquired)), taken: make(chan struct{})})
+	if !c.leaveFor(cl, &leftover{lease: reg, a: a, pace: cl.pace, r: r, at: at, busy: at.Sub(cl.pace.batchSince(l.acquired)), taken: make(chan struct{})}) {
+		reg.end(ErrReleased, "") // Close ended it already, with its other leases; its release may have failed
+		c.store.release(ctx, reg.ref())
+	}
 	return true, nil
 }
 
 // leaveFor keeps lo for the next Lock of its key by cl's primitive, and
 // disposes of it in the background if no Lock picks it up within the
-// requeue window, or when Close begins.
-func (c *Client) leaveFor(cl claim, lo *leftover) {
+// requeue window, or when Close begins. It reports false, having kept
+// nothing, when Close no longer runs clean-ups (it could not wait for the
+// calling Unlock): the caller then disposes of lo itself. Called by an
+// Unlock, which holds the key's slot: no Lock of the key picks lo up
+// before leaveFor returns.
+func (c *Client) leaveFor(cl claim, lo *leftover) bool {
 	key := lo.a.key
 	c.mu.Lock()
 	old := c.leftovers[key]
@@ -128,7 +136,7 @@ func (c *Client) leaveFor(cl claim, lo *leftover) {
 		c.tidy(old.a.ttl, func(context.Context) { c.dispose(old) })
 	}
 	window := requeueWindow(cl.cfg)
-	c.tidy(lo.a.ttl, func(context.Context) {
+	disposer := func(context.Context) {
 		t := c.clock.NewTimer(window)
 		defer t.Stop()
 		select {
@@ -146,7 +154,16 @@ func (c *Client) leaveFor(cl claim, lo *leftover) {
 		if mine {
 			c.dispose(lo)
 		}
-	})
+	}
+	if c.tidy(lo.a.ttl, disposer) {
+		return true
+	}
+	c.mu.Lock()
+	if c.leftovers[key] == lo {
+		delete(c.leftovers, key)
+	}
+	c.mu.Unlock()
+	return false
 }
 
 // dispose ends what lo holds and frees it, with a context of its own (a
