@@ -333,6 +333,50 @@ func TestRequeueOnlySoon(t *testing.T) {
 	})
 }
 
+// A scene is three Clients on one key, set up by requeueScene.
+type scene struct {
+	a, b, c    *Client
+	ha         *hooked // a's
+	ma, mb, mc *Mutex
+	bErr       chan error // b's Lock, waiting
+}
+
+// requeueScene sets up three Clients on key "k" of st so that a holds the
+// key, its Lock having waited and come at once after its last Unlock (so
+// its next Unlock requeues), and b's Lock waits, registered behind a.
+// Call it inside a bubble.
+func requeueScene(t *testing.T, st *memStore) scene {
+	t.Helper()
+	var sc scene
+	sc.a, sc.ha = memClient(t, st)
+	sc.b, _ = memClient(t, st)
+	sc.c, _ = memClient(t, st)
+	sc.ma, sc.mb, sc.mc = sc.a.NewMutex("k"), sc.b.NewMutex("k"), sc.c.NewMutex("k")
+	ctx := context.Background()
+	require.NoError(t, sc.mc.Lock(ctx))
+	aErr, bErr := lockAsync(sc.ma), lockAsync(sc.mb)
+	require.NoError(t, sc.mc.Unlock(ctx))
+	require.NoError(t, <-aErr)
+	require.NoError(t, sc.ma.Unlock(ctx))
+	aErr = lockAsync(sc.ma) // at once: a's next Unlock requeues
+	require.NoError(t, <-bErr)
+	require.NoError(t, sc.mb.Unlock(ctx))
+	sc.bErr = lockAsync(sc.mb) // b registers before a takes the key
+	require.NoError(t, <-aErr)
+	require.Equal(t, []string{sc.b.owner}, waiters(st, "k"))
+	return sc
+}
+
+// lockAsync starts m.Lock in a goroutine, waits until every goroutine of
+// the bubble is blocked (the Lock holds the key, or waits), and returns
+// the channel its error will come on.
+func lockAsync(m *Mutex) chan error {
+	ch := make(chan error, 1)
+	go func() { ch <- m.Lock(context.Background()) }()
+	synctest.Wait()
+	return ch
+}
+
 // TestRequeueGivenUp: a registration that an Unlock requeued, and that no
 // Lock adopts within the requeue window, is removed, so it does not hold
 // up the waiters behind it: the next waiter takes the key when the holder
@@ -341,28 +385,9 @@ func TestRequeueOnlySoon(t *testing.T) {
 func TestRequeueGivenUp(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newMemStore()
-		a, ha := memClient(t, st)
-		b, _ := memClient(t, st)
-		c, _ := memClient(t, st)
-		ma, mb, mc := a.NewMutex("k"), b.NewMutex("k"), c.NewMutex("k")
+		sc := requeueScene(t, st)
+		a, b, c, ha, ma, mb, mc, bErr := sc.a, sc.b, sc.c, sc.ha, sc.ma, sc.mb, sc.mc, sc.bErr
 		ctx := context.Background()
-		lock := func(m *Mutex) chan error {
-			ch := make(chan error, 1)
-			go func() { ch <- m.Lock(ctx) }()
-			synctest.Wait()
-			return ch
-		}
-		require.NoError(t, mc.Lock(ctx))
-		aErr, bErr := lock(ma), lock(mb)
-		require.NoError(t, mc.Unlock(ctx))
-		require.NoError(t, <-aErr)
-		require.NoError(t, ma.Unlock(ctx))
-		aErr = lock(ma) // at once: a's next Unlock requeues
-		require.NoError(t, <-bErr)
-		require.NoError(t, mb.Unlock(ctx))
-		bErr = lock(mb) // b registers before a takes the key
-		require.NoError(t, <-aErr)
-		require.Equal(t, []string{b.owner}, waiters(st, "k"))
 
 		requeues := ha.count("requeue")
 		time.Sleep(10 * time.Millisecond)  // work: a hold too long to keep (keep.go)
@@ -393,29 +418,11 @@ func TestRequeueGivenUp(t *testing.T) {
 func TestRequeueDuringClose(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newMemStore()
-		a, ha := memClient(t, st)
-		b, _ := memClient(t, st)
-		c, _ := memClient(t, st)
-		ma, mb, mc := a.NewMutex("k"), b.NewMutex("k"), c.NewMutex("k")
+		sc := requeueScene(t, st)
+		a, ha, ma, mb, bErr := sc.a, sc.ha, sc.ma, sc.mb, sc.bErr
 		ctx := context.Background()
-		lock := func(m *Mutex) chan error {
-			ch := make(chan error, 1)
-			go func() { ch <- m.Lock(ctx) }()
-			synctest.Wait()
-			return ch
-		}
-		require.NoError(t, mc.Lock(ctx)) // as in TestRequeueGivenUp
-		aErr, bErr := lock(ma), lock(mb)
-		require.NoError(t, mc.Unlock(ctx))
-		require.NoError(t, <-aErr)
-		require.NoError(t, ma.Unlock(ctx))
-		aErr = lock(ma) // at once: a's next Unlock requeues
-		require.NoError(t, <-bErr)
-		require.NoError(t, mb.Unlock(ctx))
-		bErr = lock(mb) // b registers before a takes the key
-		require.NoError(t, <-aErr)
-		require.Equal(t, []string{b.owner}, waiters(st, "k"))
 
+		requeues := ha.count("requeue")
 		time.Sleep(10 * time.Millisecond) // work: a hold too long to keep (keep.go)
 		gate := make(chan struct{})
 		ha.on("requeue", func(_ context.Context, call func() error) error { <-gate; return call() })
@@ -427,7 +434,7 @@ func TestRequeueDuringClose(t *testing.T) {
 		a.Close(closing) // cannot wait for the Unlock: its error is the cancelled releases'
 		close(gate)
 		require.NoError(t, <-unlocked)
-		require.Equal(t, 1, ha.count("requeue"), "the Unlock requeued")
+		require.Equal(t, requeues+1, ha.count("requeue"), "the Unlock requeued")
 		require.NoError(t, <-bErr, "b takes the key a's requeue freed")
 		assert.Empty(t, waiters(st, "k"), "the requeued registration outlived Close")
 		require.NoError(t, mb.Unlock(ctx))

@@ -18,12 +18,7 @@ import (
 // that Unlock. Call it inside a bubble.
 func keptBy(t *testing.T, ma, mb *Mutex, before func()) Token {
 	ctx := context.Background()
-	waits := func(m *Mutex) chan error {
-		errc := make(chan error, 1)
-		go func() { errc <- m.Lock(ctx) }()
-		synctest.Wait()
-		return errc
-	}
+	waits := lockAsync
 	require.NoError(t, mb.Lock(ctx))
 	aErr := waits(ma)
 	require.NoError(t, mb.Unlock(ctx))
