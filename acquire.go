@@ -335,23 +335,23 @@ func kindError(key, want, got string) error {
 //
 // A Lock whose Mutex's last Unlock kept its hold (keep.go) first takes
 // that hold over, with no command (a hold another Mutex of the key kept
-// for itself is handed over by one write, as a local handoff is). A wait that adopted a requeued
-// registration sends no command until its turn is due, then acquire
-// attempts, whatever its place as last seen (turn.go); after turnRetries
-// early ones, or any other failure, it polls as other waits do. The head
-// polls with acquire attempts, one command that takes the key when it is
-// free; the waiters behind it poll by reading the document, to learn when
-// they are at the head. All the attempts of one call carry one
-// hold id, so a retry after an unanswered attempt finds that attempt's
-// hold its own. The head also reads the record to start a watch on the
-// holder's revision, when a wait outlasts its first poll (a TryLock reads
-// at once), again when that watch says the revision may be taken over,
-// and, while the Lock span is recorded and has named fewer than
-// maxHeldEvents holders, after the failed polls numbered 1, 2, 4, 8 and so
-// on, to name each new holder in it: a traced wait of n polls spends at
-// most log2(n) reads more. A read that shows the key takeable is followed
-// by an attempt at once, but only once: if that attempt fails too (a
-// lagging read), the next waits for the poll. A TryLock never queues.
+// for itself is handed over by one write, as a local handoff is). A wait
+// that adopted a requeued registration sends no command until its turn is
+// due, then acquire attempts, whatever its place as last seen (turn.go);
+// after turnRetries early ones, or any other failure, it polls as other
+// waits do. The head polls with acquire attempts, one command that takes
+// the key when it is free; the waiters behind it poll by reading the
+// document, to learn when they are at the head. All the attempts of one
+// call carry one hold id, so a retry after an unanswered attempt finds
+// that attempt's hold its own. The head also reads the record to start a
+// watch on the holder's revision, when a wait outlasts its first poll (a
+// TryLock reads at once), again when that watch says the revision may be
+// taken over, and, while the Lock span is recorded and has named fewer
+// than maxHeldEvents holders, after the failed polls numbered 1, 2, 4, 8
+// and so on, to name each new holder in it: a traced wait of n polls
+// spends at most log2(n) reads more. A read that shows the key takeable is
+// followed by an attempt at once, but only once: if that attempt fails too
+// (a lagging read), the next waits for the poll. A TryLock never queues.
 func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, error) {
 	a := cl.spec
 	a.owner, a.hold = c.owner, c.holds.Add(1)
@@ -379,10 +379,10 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 	queues := !try && c.queues(a.kind)
 	_, spares := cl.lk.(requeuer) // its Unlock may keep a hold (keep.go): reserve a spare token
 	spares = spares && c.cfg.flaw != flawNoTurnPlan && c.cfg.flaw != flawUnfair && cl.pace.spare(cl.cfg)
-	pr := c.pickUp(a, cl.pace) // what the last Unlock left for this call: a kept hold, or a registration
-	kept := false              // this call sent a kept hold's handoff (flawKeepAlways, or another Mutex's hold)
+	pr := c.pickUp(a) // what the last Unlock left for this call: a kept hold, or a registration
+	kept := false     // this call sent a kept hold's handoff (another Mutex's hold, or flawKeepAlways)
 	if pr != nil && pr.kept() {
-		kept = pr.handoff || pr.foreign
+		kept = pr.byWrite(cl)
 		l, sent, err := c.resume(ctx, cl, a, pr)
 		switch {
 		case err == nil:

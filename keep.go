@@ -138,7 +138,7 @@ func (c *Client) keep(l *Lease, cl claim) bool {
 // errNotOwner, with the hold released in the background, when it was
 // past its deadline.
 //
-// A hold kept for another primitive (lo.foreign), or, for flawKeepAlways,
+// A hold kept for another primitive than cl's, or, for flawKeepAlways,
 // kept without a spare, is handed over by a write instead: a new hold
 // with a's hold id, data and a new token. The keep's own handoff is taken
 // past the queue (the queue was passed by the hold's own acquire);
@@ -149,7 +149,7 @@ func (c *Client) keep(l *Lease, cl claim) bool {
 // attempt, with a's hold id, finds and renews it.
 func (c *Client) resume(ctx context.Context, cl claim, a attempt, lo *leftover) (*Lease, int, error) {
 	h := lo.lease
-	if !lo.handoff && !lo.foreign {
+	if !lo.byWrite(cl) {
 		next := a
 		next.hold = h.hold
 		l, err := c.grant(cl, next, h.token, roleExclusive, h.lastSent())
@@ -163,7 +163,7 @@ func (c *Client) resume(ctx context.Context, cl claim, a attempt, lo *leftover) 
 		return l, 0, err
 	}
 	next := a
-	next.barge = !lo.foreign
+	next.barge = lo.pace == cl.pace // the keep's own handoff: the hold's acquire passed the queue
 	sent := c.clock.Now()
 	r, err := c.store.handoff(ctx, h.ref(), next)
 	if errors.Is(err, errNotOwner) && !next.barge {

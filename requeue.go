@@ -39,12 +39,16 @@ type leftover struct {
 	busy    time.Duration // a registration: how long the holds it ended lasted, from their first acquire's send to at
 	pace    *pacing       // the primitive it was left for
 	handoff bool          // a kept hold without a spare: its pick-up is a handoff write (flawKeepAlways only)
-	foreign bool          // a kept hold picked up by another primitive than pace's: set by pickUp
 	taken   chan struct{} // closed when a Lock picks it up
 }
 
 // kept reports whether lo is a kept hold rather than a registration.
 func (lo *leftover) kept() bool { return lo.lease.role == roleExclusive }
+
+// byWrite reports whether kept hold lo is taken over by cl's primitive
+// with a handoff write rather than with none: when it was kept for
+// another primitive, or kept without a spare (flawKeepAlways).
+func (lo *leftover) byWrite(cl claim) bool { return lo.handoff || lo.pace != cl.pace }
 
 // requeueWindow is how soon after an Unlock a primitive's next Lock must
 // come for its Unlocks to requeue it, and how long a requeued registration
@@ -182,12 +186,12 @@ func (c *Client) dispose(lo *leftover) {
 }
 
 // pickUp returns what the last Unlock left for an exclusive acquire of
-// a's key, kind and TTL by the primitive whose pacing is pace (a kept hold
-// is ended: the caller hands it over, and lo.foreign tells whether it was
-// kept for another primitive), or nil when there is none. One of another
-// kind or TTL, or whose lease has ended, is disposed of. A registration
-// is adopted by any primitive's Lock: it is only a place in the queue.
-func (c *Client) pickUp(a attempt, pace *pacing) *leftover {
+// a's key, kind and TTL (a kept hold is ended: the caller hands it over),
+// or nil when there is none. One of another kind or TTL, or whose lease
+// has ended, is disposed of. It may have been left for another primitive
+// of the key: a registration is adopted all the same (it is only a place
+// in the queue), a kept hold is taken over by a write (byWrite).
+func (c *Client) pickUp(a attempt) *leftover {
 	c.mu.Lock()
 	lo := c.leftovers[a.key]
 	delete(c.leftovers, a.key)
@@ -201,7 +205,6 @@ func (c *Client) pickUp(a attempt, pace *pacing) *leftover {
 		return nil
 	}
 	if lo.kept() {
-		lo.foreign = lo.pace != pace
 		lo.lease.end(ErrReleased, "")
 	}
 	return lo
