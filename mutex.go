@@ -87,10 +87,11 @@ func (m *Mutex) TryLock(ctx context.Context) error {
 // unlocked, Unlock may queue the Mutex's next Lock in its release's write,
 // or keep a short hold for that Lock, which then takes it over with a new
 // token and no write (another Mutex of the key, in the same Client, takes
-// it by a handoff write, with its own data); a kept hold that no Lock takes within the minimum
-// backoff ([WithBackoff]) is released in the background. Either way the
-// lease has ended when Unlock returns. The package documentation
-// ("Fairness") has when, and the bound on other Clients' waits.
+// it by a handoff write, with its own data); a kept hold that no Lock
+// takes within the minimum backoff ([WithBackoff]) is released in the
+// background. Either way the lease has ended when Unlock returns. The
+// package documentation ("Fairness") has when, and the bound on other
+// Clients' waits.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	if m == nil {
 		return ErrNotHeld
