@@ -484,7 +484,7 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 	if rq, ok := l.lk.(requeuer); ok && c.cfg.flaw != flawUnfair {
 		cl := rq.requeueClaim()
 		defer func() { cl.pace.unlockedAt(c.clock.Now()) }()
-		if cl.pace.unlocking(c.clock.Now(), cl.cfg) {
+		if cl.pace.unlocking(c.clock.Now(), cl.cfg) && !c.isClosing() { // nothing is left for a Lock once Close begins
 			if cl.pace.keeping(cl.cfg) && c.keep(l, cl) {
 				c.leave(l.key)
 				return nil

@@ -111,13 +111,12 @@ func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) 
 	cl.pace.sawQueue(r.Queue)
 	reg := c.newLease(nil, cl.cfg, a, 0, roleWaiter, sent)
 	reg.data = nil
-	if !c.ext.add(reg) { // Close could not wait for this call: remove the registration now, as no clean-up may run
-		c.store.release(ctx, reg.ref()) // on failure it lapses a TTL from now, as a crashed waiter's does
+	lo := &leftover{lease: reg, a: a, pace: cl.pace, r: r, at: at, busy: at.Sub(cl.pace.batchSince(l.acquired)), taken: make(chan struct{})}
+	if !c.ext.add(reg) || !c.leaveFor(cl, lo) {
+		// Close could not wait for this call, and runs no clean-up now:
+		// remove the registration here (if this fails too, it lapses a
+		// TTL from now, as a crashed waiter's does).
 		reg.end(ErrReleased, "")
-		return true, nil
-	}
-	if !c.leaveFor(cl, &leftover{lease: reg, a: a, pace: cl.pace, r: r, at: at, busy: at.Sub(cl.pace.batchSince(l.acquired)), taken: make(chan struct{})}) {
-		reg.end(ErrReleased, "") // Close ended it already, with its other leases; its release may have failed
 		c.store.release(ctx, reg.ref())
 	}
 	return true, nil
