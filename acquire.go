@@ -35,7 +35,7 @@ type pacing struct {
 	sample sample        // guarded by mu: the token counter last seen
 	every  time.Duration // guarded by mu: how often the key changes hands, estimated
 	turn   time.Duration // guarded by mu: a requeued wait's turn, per waiter ahead, as learnt (turn.go)
-	busy   time.Duration // guarded by mu: how long its holds last, from acquire to release, on average (turn.go)
+	busy   time.Duration // guarded by mu: how long its holds last, from acquire to release: the least lately (turn.go)
 	rtt    time.Duration // guarded by mu: the round trip of its acquires that took the key, the least seen lately (keep.go)
 	held   time.Time     // guarded by mu: when its last Lock took the key
 	hold   time.Duration // guarded by mu: how long its last hold lasted, from the Lock's return to the Unlock (keep.go)
@@ -475,9 +475,9 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 			case !errors.Is(err, errHeld):
 				unsure, tp.on = true, false
 			case tp.on:
-				err = nil // not its turn yet: retry, reading only to trace
+				err = nil // not its turn yet: retry, reading only to trace, or when the plan ended (turn.go)
 				tp.miss(sent, c.clock.Now())
-				read = tracing && events < maxHeldEvents && attempts&(attempts-1) == 0
+				read = !tp.on || tracing && events < maxHeldEvents && attempts&(attempts-1) == 0
 			case rushed:
 				err = nil // wait for the poll: see the doc comment
 			default:

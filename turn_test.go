@@ -149,6 +149,17 @@ func TestTookTurn(t *testing.T) {
 			assert.LessOrEqual(t, joined.Add(k*p.turn), took)
 		}
 	})
+	t.Run("the holds: the shortest lately, drifting up", func(t *testing.T) {
+		// One slow hold (the first, measured, can take twice the others)
+		// must not keep the aim late for rounds: the next shorter hold
+		// replaces it, and a longer one moves it up by an eighth.
+		var p pacing
+		p.planTurn(joined, k, 50*time.Millisecond, &cfg)
+		p.planTurn(joined, k, 20*time.Millisecond, &cfg)
+		assert.Equal(t, 20*time.Millisecond, p.busy)
+		p.planTurn(joined, k, 28*time.Millisecond, &cfg)
+		assert.Equal(t, 21*time.Millisecond, p.busy)
+	})
 	t.Run("retries end the plan", func(t *testing.T) {
 		var p pacing
 		tp := plan(&p)
