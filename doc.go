@@ -237,11 +237,11 @@
 // a turn, within a sixteenth of the minimum backoff and half the maximum,
 // and at least the last attempt's round trip), which take the key
 // once every waiter ahead is gone; after eight early attempts it goes
-// back to polling as below, reading the document at once (it is late, and
-// the key may be free and owed to it). A first attempt that took the key makes the
-// next wait aim earlier, one that was early makes it aim later, so that
-// about a third of first attempts are early and the key seldom waits for
-// its next holder more than a retry interval. Waits that all aim late
+// back to polling as below, reading the document at once (it is late,
+// and the key may be free and owed to it). A first attempt that took the
+// key makes the next wait aim earlier, one that was early makes it aim
+// later, so that about a third of first attempts are early and the key
+// seldom waits for its next holder more than a retry interval. Waits that all aim late
 // hold each other up (each waiter sees the lateness of those ahead as a
 // longer turn), so while a turn is learnt as longer than the Mutex's own
 // holds (from the acquire's send to the release's reply; the shortest seen
