@@ -59,7 +59,7 @@ func (p *pacing) planTurn(joined time.Time, k int, busy time.Duration, cfg *conf
 	// average, weighted 1/4, kept one Client whose first hold was slow
 	// aiming late for rounds: measured, 8 Clients holding 20 ms came
 	// within issue 15's wait bound in 3 of 12 runs; with the least, and
-	// the fallback's read at once, in 10 of 16: README.)
+	// the fallback's read at once, in 10 of 19: README.)
 	if p.busy == 0 || busy < p.busy {
 		p.busy = busy
 	} else {
