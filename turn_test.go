@@ -2,6 +2,8 @@ package dlock
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -168,5 +170,88 @@ func TestTookTurn(t *testing.T) {
 			tp.miss(tp.next, tp.next)
 		}
 		assert.False(t, tp.on)
+	})
+}
+
+// TestTurnPlanRunsOut: a requeued wait whose turn has not come after its
+// plan's attempts (the holder ahead held the key far longer than the
+// turns before) reads the document at once, in the same instant as its
+// last failed attempt, and then waits as other waits do, for the key may
+// be free and owed to it. (It slept half a hand-over period first:
+// measured, that left the key free while 8 Clients waited, in the first
+// rounds of BenchmarkFairness.) Two Clients take turns with 10 ms holds,
+// too long to keep (keep.go), so every wait is a requeued one with one
+// waiter ahead; then b holds the key for 200 ms once.
+func TestTurnPlanRunsOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		a, ha := memClient(t, st)
+		b, _ := memClient(t, st)
+		ma, mb := a.NewMutex("k"), b.NewMutex("k")
+		const (
+			hold   = 10 * time.Millisecond
+			rounds = 12
+			long   = 7 // b's turn that lasts 200 ms
+		)
+		type op struct {
+			at   time.Time
+			name string
+			err  error
+		}
+		var (
+			mu  sync.Mutex
+			ops []op // guarded by mu: a's acquires and reads during b's long turn
+			rec atomic.Bool
+		)
+		note := func(name string) hook {
+			return func(_ context.Context, call func() error) error {
+				err := call()
+				if rec.Load() {
+					mu.Lock()
+					ops = append(ops, op{time.Now(), name, err})
+					mu.Unlock()
+				}
+				return err
+			}
+		}
+		ha.on("acquire", note("acquire"))
+		ha.on("read", note("read"))
+		var wg sync.WaitGroup
+		for i, m := range []*Mutex{ma, mb} {
+			wg.Go(func() {
+				for r := range rounds {
+					if err := m.Lock(context.Background()); err != nil {
+						t.Error(err)
+						return
+					}
+					if i == 1 && r == long {
+						rec.Store(true)
+						time.Sleep(200 * time.Millisecond)
+						rec.Store(false)
+					} else {
+						time.Sleep(hold)
+					}
+					if err := m.Unlock(context.Background()); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+
+		mu.Lock()
+		defer mu.Unlock()
+		misses := 0
+		for i, o := range ops {
+			if o.name == "read" {
+				require.Equal(t, turnRetries, misses, "attempts before the first read: %v", ops[:i+1])
+				assert.Equal(t, ops[i-1].at, o.at, "the read came %v after the plan's last attempt", o.at.Sub(ops[i-1].at))
+				return
+			}
+			require.ErrorIs(t, o.err, errHeld, "op %d of b's long turn: %v", i, ops)
+			misses++
+		}
+		t.Fatalf("no read during b's long turn: %v", ops)
 	})
 }
