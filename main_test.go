@@ -100,32 +100,12 @@ func run(m *testing.M) (int, error) {
 	return code, nil
 }
 
-// serverTempRoot is where the embedded server's data goes: in
-// DLOCK_TEST_TMPDIR when that is set; otherwise in /dev/shm, a tmpfs on
-// Linux, when there is one to write in; otherwise in the default temporary
-// directory. A test run's data need not outlive the machine, and on a disk
-// SQLite syncs every write: measured on the 2-core CI VM, a lock write's
-// floor round trip (BenchmarkFairness, six runs alternating) was 2.4 to 2.7
-// ms with the data on its disk and 1.6 to 1.7 ms on /dev/shm. (MongoDB's
-// default write concern does not wait for the disk either.)
-func serverTempRoot() string {
-	if d := os.Getenv("DLOCK_TEST_TMPDIR"); d != "" {
-		return d
-	}
-	const shm = "/dev/shm"
-	if probe, err := os.MkdirTemp(shm, "dlocktest-probe-"); err == nil {
-		os.Remove(probe)
-		return shm
-	}
-	return "" // os.MkdirTemp's default: os.TempDir()
-}
-
 // startServer builds tools/mongoserver and runs it on a free port with its
-// data in a temporary directory (see serverTempRoot).
+// data in a temporary directory.
 func startServer() (uri string, stop func(), err error) {
 	_, here, _, _ := runtime.Caller(0)
 	tools := filepath.Join(filepath.Dir(here), "tools")
-	dir, err := os.MkdirTemp(serverTempRoot(), "dlocktest-")
+	dir, err := os.MkdirTemp("", "dlocktest-")
 	if err != nil {
 		return "", nil, err
 	}
