@@ -205,8 +205,12 @@ func runFairness(b *testing.B, r fairRow, variant string, opts ...Option) {
 		r.label(), variant, acqPerSec, samePct, lo, hi, p50, p99, longest, cmdsPerAcq)
 	b.Logf("per acquisition: %s", ops.per(n))
 	bound := 2 * time.Duration(r.clients) * (r.hold + 2*floor)
-	b.Logf("issue 15's wait bound 2 × %d × (%v + 2 × %v floor round trip) = %.1f ms: p99 %s, max %s (twice the bound: %.1f ms)",
-		r.clients, r.hold, floor.Round(10*time.Microsecond), fairMs(bound), within(p99, bound), within(longest, 2*bound), fairMs(2*bound))
+	asked := "" // issue 15 states the bound for 8 Clients holding 20 ms; the other rows show it for comparison
+	if r.clients != 8 || r.hold != 20*time.Millisecond {
+		asked = " (issue 15 asks it of 8 Clients / 20 ms only)"
+	}
+	b.Logf("issue 15's wait bound 2 × %d × (%v + 2 × %v floor round trip) = %.1f ms: p99 %s, max %s (twice the bound: %.1f ms)%s",
+		r.clients, r.hold, floor.Round(10*time.Microsecond), fairMs(bound), within(p99, bound), within(longest, 2*bound), fairMs(2*bound), asked)
 }
 
 // within says whether ms milliseconds is at most bound.
