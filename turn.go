@@ -21,11 +21,12 @@ import "time"
 // tookTurn): when the first attempt took the key, the next wait aims a
 // quarter of a retry interval earlier (or half the way down to the
 // primitive's own hold, if that is more); when it failed, half an interval
-// later (doubled for each such wait in a row). So about a third of the
-// first attempts are early, and the key rarely stays free and owed to a
-// waiter for longer than a retry interval: a sixteenth of a turn, but at
-// least a sixteenth of the minimum backoff and at most half the maximum
-// (turnRetry). A wait whose turn has not come after turnRetries attempts
+// later (doubled for each such wait in a row). So, when turns are steady,
+// about a third of the first attempts are early (more when the pull
+// towards the own hold exceeds a quarter interval: doc.go), and the key
+// rarely stays free and owed to a waiter for longer than a retry
+// interval: a sixteenth of a turn, but at least a sixteenth of the minimum
+// backoff and at most half the maximum (turnRetry). A wait whose turn has not come after turnRetries attempts
 // goes back to the ordinary schedule (reads, and watches of the holder and
 // of the waiters ahead), which clears crashed holders and waiters; it reads
 // at once, for it is late and the key may be free and owed to it. (It
