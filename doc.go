@@ -246,7 +246,7 @@
 // learnt as longer than the Mutex's own holds (from the acquire's send to
 // the release's reply; the shortest seen lately, drifting up), a first
 // attempt that took the key moves the aim half way down towards them.
-// When turns are steady about a third of first attempts are early
+// When turns are steady, about a third of first attempts are early
 // (measured: 11 of 28 with 2 Clients holding 300 ms); that pull makes
 // more of them early when a turn is longer than the holds by a long
 // hand-over (59 to 63% in four traced runs of 8 Clients holding 20 ms:

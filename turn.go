@@ -26,8 +26,8 @@ import "time"
 // towards the own hold exceeds a quarter interval: doc.go), and the key
 // rarely stays free and owed to a waiter for longer than a retry
 // interval: a sixteenth of a turn, but at least a sixteenth of the minimum
-// backoff and at most half the maximum (turnRetry). A wait whose turn has not come after turnRetries attempts
-// goes back to the ordinary schedule (reads, and watches of the holder and
+// backoff and at most half the maximum (turnRetry). A wait whose turn has
+// not come after turnRetries attempts goes back to the ordinary schedule (reads, and watches of the holder and
 // of the waiters ahead), which clears crashed holders and waiters; it reads
 // at once, for it is late and the key may be free and owed to it. (It
 // slept half a hand-over period first; measured, that left the key free
