@@ -27,11 +27,12 @@ import "time"
 // rarely stays free and owed to a waiter for longer than a retry
 // interval: a sixteenth of a turn, but at least a sixteenth of the minimum
 // backoff and at most half the maximum (turnRetry). A wait whose turn has
-// not come after turnRetries attempts goes back to the ordinary schedule (reads, and watches of the holder and
-// of the waiters ahead), which clears crashed holders and waiters; it reads
-// at once, for it is late and the key may be free and owed to it. (It
-// slept half a hand-over period first; measured, that left the key free
-// for it while 8 Clients waited, in the first rounds of the benchmark.)
+// not come after turnRetries attempts goes back to the ordinary schedule
+// (reads, and watches of the holder and of the waiters ahead), which
+// clears crashed holders and waiters; it reads at once, for it is late and
+// the key may be free and owed to it (TestTurnPlanRunsOut). (It slept half
+// a hand-over period first; measured, that left the key free for it while
+// 8 Clients waited, in the first rounds of the benchmark.)
 
 // turnRetries is how many attempts a scheduled wait makes before it falls
 // back to the ordinary schedule.
