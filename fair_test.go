@@ -247,11 +247,17 @@ func TestFairQueueCrashedWaiter(t *testing.T) {
 	})
 }
 
-// ringRound has Clients take turns at key "k" of st, each locking again
-// at once after it unlocks, for rounds acquisitions each; stop[i], when
-// closed, ends Client i's turns (its last Unlock is not followed by a
-// Lock). It returns the order of the acquisitions. Call it inside a bubble.
+// ringRounds has the Mutexes ms, of separate Clients on one key, take
+// turns, each locking again at once after it unlocks, for rounds
+// acquisitions each, holding the key for hold each time. It returns the
+// order of the acquisitions, as indexes into ms. Call it inside a bubble.
 func ringRounds(t *testing.T, ms []*Mutex, rounds int, hold time.Duration) []int {
+	return ringRoundsWork(t, ms, rounds, func(int, int) { time.Sleep(hold) })
+}
+
+// ringRoundsWork is ringRounds with each hold's work given: work(i, r)
+// runs while ms[i] holds the key in its round r.
+func ringRoundsWork(t *testing.T, ms []*Mutex, rounds int, work func(i, r int)) []int {
 	var (
 		mu    sync.Mutex
 		order []int // guarded by mu
@@ -259,7 +265,7 @@ func ringRounds(t *testing.T, ms []*Mutex, rounds int, hold time.Duration) []int
 	)
 	for i, m := range ms {
 		wg.Go(func() {
-			for range rounds {
+			for r := range rounds {
 				if err := m.Lock(context.Background()); err != nil {
 					t.Error(err)
 					return
@@ -267,7 +273,7 @@ func ringRounds(t *testing.T, ms []*Mutex, rounds int, hold time.Duration) []int
 				mu.Lock()
 				order = append(order, i)
 				mu.Unlock()
-				time.Sleep(hold)
+				work(i, r)
 				if err := m.Unlock(context.Background()); err != nil {
 					t.Error(err)
 					return

@@ -216,29 +216,15 @@ func TestTurnPlanRunsOut(t *testing.T) {
 		}
 		ha.on("acquire", note("acquire"))
 		ha.on("read", note("read"))
-		var wg sync.WaitGroup
-		for i, m := range []*Mutex{ma, mb} {
-			wg.Go(func() {
-				for r := range rounds {
-					if err := m.Lock(context.Background()); err != nil {
-						t.Error(err)
-						return
-					}
-					if i == 1 && r == long {
-						rec.Store(true)
-						time.Sleep(200 * time.Millisecond)
-						rec.Store(false)
-					} else {
-						time.Sleep(hold)
-					}
-					if err := m.Unlock(context.Background()); err != nil {
-						t.Error(err)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
+		ringRoundsWork(t, []*Mutex{ma, mb}, rounds, func(i, r int) {
+			if i == 1 && r == long {
+				rec.Store(true)
+				time.Sleep(200 * time.Millisecond)
+				rec.Store(false)
+				return
+			}
+			time.Sleep(hold)
+		})
 
 		mu.Lock()
 		defer mu.Unlock()
