@@ -287,8 +287,9 @@
 // the server; on Unlock the hold passes to the next of them in one command
 // (two while another Client's waiter is registered: the handoff is refused
 // and the key freed). A Lock that must wait for another Client registers
-// (one command; a read more when its primitive's view of the queue counter
-// is stale); then the head of the queue polls with acquire attempts, so the
+// (one command; when its primitive's view of the queue counter is stale,
+// or another registration beat it to the counter, a read and a retry, up
+// to four times); then the head of the queue polls with acquire attempts, so the
 // poll that finds the key free takes it, and the waiters behind it poll by
 // reading the document. A Lock whose primitive waited less than a TTL ago
 // registers at once, without a first attempt. A Client that loops Lock,

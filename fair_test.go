@@ -188,6 +188,50 @@ func TestFairQueueWaiterLeaves(t *testing.T) {
 	})
 }
 
+// TestRegisterOutrun: a Lock whose registration is outrun, its
+// compare-and-set on the queue counter beaten by another registration
+// each time, reads the counter and tries again, registerRetries times,
+// before it waits unregistered: when Clients start together, each of
+// them joins the queue at its first Lock's wait, not after polls that
+// let the others' next Locks register ahead of it (measured on the test
+// server: see registerRetries). Here an intruder registers just before
+// each of a's first registerRetries registrations; a's next one gets
+// through, behind the intruders, with no time passed.
+func TestRegisterOutrun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		a, ha := memClient(t, st)
+		b, _ := memClient(t, st)
+		mb := b.NewMutex("k")
+		require.NoError(t, mb.Lock(context.Background()))
+		outruns := 0
+		ha.on("register", func(ctx context.Context, call func() error) error {
+			if outruns < registerRetries {
+				outruns++
+				// Past a's guess, whether it is the counter last seen plus
+				// queueSlack (the first) or the counter just read (the rest).
+				in := attempt{key: "k", owner: "intruder", hold: int64(outruns), ttl: time.Minute, queue: holder(st, "k").Queue + queueSlack}
+				_, err := st.register(ctx, in)
+				require.NoError(t, err)
+			}
+			return call()
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		start := time.Now()
+		aErr := make(chan error, 1)
+		go func() { aErr <- a.NewMutex("k").Lock(ctx) }()
+		synctest.Wait() // a has registered, or waits for its poll unregistered
+		want := append(slices.Repeat([]string{"intruder"}, registerRetries), a.owner)
+		assert.Equal(t, want, waiters(st, "k"), "a registered behind the intruders")
+		assert.Equal(t, registerRetries+1, ha.count("register"), "a's registrations")
+		assert.Zero(t, time.Since(start), "a registered after waiting")
+		cancel()
+		require.ErrorIs(t, <-aErr, context.Canceled)
+		require.NoError(t, mb.Unlock(context.Background()))
+	})
+}
+
 // TestFairQueueCrashedWaiter: a registered waiter whose Client stops (its
 // every store call hangs, as a crashed or partitioned process's would)
 // holds up the waiters behind it for at most about its TTL. While its
