@@ -250,7 +250,11 @@
 // (measured: 11 of 28 with 2 Clients holding 300 ms); that pull makes
 // more of them early when a turn is longer than the holds by a long
 // hand-over (59 to 63% in four traced runs of 8 Clients holding 20 ms:
-// README).
+// README). A Mutex's first requeued wait is not planned when more than
+// one waiter is ahead: the Clients ahead may still be on their first
+// Locks, whose holds are not kept, so an aim at its own kept holds would
+// come late, and a late aim holds up every waiter behind it. It polls as
+// below.
 //
 // Other waiters poll: the head with acquire attempts, about four times
 // per estimated hand-over period (estimated from how fast the key's token
@@ -258,7 +262,8 @@
 // the head may poll faster than [WithBackoff]'s minimum); the others by
 // reading the document, so that they learn when they reach the head: a
 // waiter with two or more ahead reads again when about one should be
-// left, the one next after the head about twice a period. No waiter is
+// left (but at most the maximum backoff later: an early estimate can be
+// far too long), the one next after the head about twice a period. No waiter is
 // woken by the server, so the key stays free until the next holder's
 // attempt comes: fairness costs throughput when holds are short and many
 // Clients wait.

@@ -232,6 +232,58 @@ func TestRegisterOutrun(t *testing.T) {
 	})
 }
 
+// TestQueuePollsWithinMaxBackoff: a waiter behind others, on the ordinary
+// schedule, sleeps until about one waiter is left ahead of it, as
+// estimated from how often the key changes hands, but never longer than
+// the maximum backoff between two commands (WithBackoff: the schedule
+// keeps within its bounds). Four Clients hold the key for a second each,
+// and pause between Unlock and Lock longer than the requeue window, so
+// every wait registers afresh and none is planned (turn.go); the estimate
+// then puts the last waiter's next read half a second or more away.
+// Between two commands of a waiting Lock there is at most the maximum
+// backoff, jittered by up to half (backoff.go).
+func TestQueuePollsWithinMaxBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const (
+			n       = 4
+			hold    = time.Second
+			pause   = 20 * time.Millisecond // longer than the requeue window, the minimum backoff
+			maxPoll = 100 * time.Millisecond
+		)
+		st := newMemStore()
+		var (
+			mu      sync.Mutex
+			longest time.Duration          // guarded by mu: the longest gap between two commands of one waiting Lock
+			last    = make([]time.Time, n) // guarded by mu: the last command of client i's wait under way; zero when it holds
+		)
+		ms := make([]*Mutex, n)
+		for i := range n {
+			c, h := memClient(t, st, WithBackoff(5*time.Millisecond, maxPoll))
+			note := func(_ context.Context, call func() error) error {
+				mu.Lock()
+				if !last[i].IsZero() {
+					longest = max(longest, time.Since(last[i]))
+				}
+				last[i] = time.Now()
+				mu.Unlock()
+				return call()
+			}
+			for _, op := range []string{"acquire", "read", "register"} {
+				h.on(op, note)
+			}
+			ms[i] = c.NewMutex("k")
+		}
+		ringRoundsWork(t, ms, 6, func(i, r int) {
+			mu.Lock()
+			last[i] = time.Time{} // its wait is over
+			mu.Unlock()
+			time.Sleep(hold)
+		}, pause)
+		t.Logf("longest gap between two commands of a waiting Lock: %v", longest)
+		assert.LessOrEqual(t, longest, maxPoll*3/2, "a waiting Lock slept past the maximum backoff")
+	})
+}
+
 // TestFairQueueCrashedWaiter: a registered waiter whose Client stops (its
 // every store call hangs, as a crashed or partitioned process's would)
 // holds up the waiters behind it for at most about its TTL. While its
@@ -296,12 +348,13 @@ func TestFairQueueCrashedWaiter(t *testing.T) {
 // acquisitions each, holding the key for hold each time. It returns the
 // order of the acquisitions, as indexes into ms. Call it inside a bubble.
 func ringRounds(t *testing.T, ms []*Mutex, rounds int, hold time.Duration) []int {
-	return ringRoundsWork(t, ms, rounds, func(int, int) { time.Sleep(hold) })
+	return ringRoundsWork(t, ms, rounds, func(int, int) { time.Sleep(hold) }, 0)
 }
 
 // ringRoundsWork is ringRounds with each hold's work given: work(i, r)
-// runs while ms[i] holds the key in its round r.
-func ringRoundsWork(t *testing.T, ms []*Mutex, rounds int, work func(i, r int)) []int {
+// runs while ms[i] holds the key in its round r; after each Unlock, a
+// Mutex sleeps for pause before it locks again.
+func ringRoundsWork(t *testing.T, ms []*Mutex, rounds int, work func(i, r int), pause time.Duration) []int {
 	var (
 		mu    sync.Mutex
 		order []int // guarded by mu
@@ -321,6 +374,9 @@ func ringRoundsWork(t *testing.T, ms []*Mutex, rounds int, work func(i, r int)) 
 				if err := m.Unlock(context.Background()); err != nil {
 					t.Error(err)
 					return
+				}
+				if pause > 0 {
+					time.Sleep(pause)
 				}
 			}
 		})

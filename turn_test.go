@@ -110,11 +110,20 @@ func TestTookTurn(t *testing.T) {
 	joined := time.Unix(1000, 0)
 	const k = 4
 	plan := func(p *pacing) turnPlan { return p.planTurn(joined, k, 10*time.Millisecond, &cfg) }
-	t.Run("first guess is the hold", func(t *testing.T) {
+	t.Run("first guess is the hold, from the second wait", func(t *testing.T) {
+		// The first, with others than the next holder ahead, is left to
+		// the ordinary schedule: they may still be on single holds.
 		var p pacing
+		require.False(t, plan(&p).on, "the first requeued wait, with k ahead, planned")
 		tp := plan(&p)
 		require.True(t, tp.on)
 		assert.Equal(t, joined.Add(k*10*time.Millisecond), tp.next)
+	})
+	t.Run("first guess is the hold, at once with one ahead", func(t *testing.T) {
+		var p pacing
+		tp := p.planTurn(joined, 1, 10*time.Millisecond, &cfg)
+		require.True(t, tp.on)
+		assert.Equal(t, joined.Add(10*time.Millisecond), tp.next)
 	})
 	t.Run("no plan with no one ahead", func(t *testing.T) {
 		var p pacing
@@ -163,7 +172,7 @@ func TestTookTurn(t *testing.T) {
 		assert.Equal(t, 21*time.Millisecond, p.busy)
 	})
 	t.Run("retries end the plan", func(t *testing.T) {
-		var p pacing
+		p := pacing{turn: 10 * time.Millisecond}
 		tp := plan(&p)
 		for range turnRetries {
 			require.True(t, tp.on)
@@ -224,7 +233,7 @@ func TestTurnPlanRunsOut(t *testing.T) {
 				return
 			}
 			time.Sleep(hold)
-		})
+		}, 0)
 
 		mu.Lock()
 		defer mu.Unlock()
