@@ -29,19 +29,20 @@ type claim struct {
 // key's queue counter as last seen (a registration is a compare-and-set on
 // it, so a good guess saves a read).
 type pacing struct {
-	mu     sync.Mutex
-	last   pace          // guarded by mu
-	queue  int64         // guarded by mu
-	sample sample        // guarded by mu: the token counter last seen
-	every  time.Duration // guarded by mu: how often the key changes hands, estimated
-	turn   time.Duration // guarded by mu: a requeued wait's turn, per waiter ahead, as learnt (turn.go)
-	busy   time.Duration // guarded by mu: how long its holds last, from acquire to release: the least lately (turn.go)
-	rtt    time.Duration // guarded by mu: the round trip of its acquires that took the key, the least seen lately (keep.go)
-	held   time.Time     // guarded by mu: when its last Lock took the key
-	hold   time.Duration // guarded by mu: how long its last hold lasted, from the Lock's return to the Unlock (keep.go)
-	batch  time.Time     // guarded by mu: when the acquire was sent that began its last run of holds (keep.go)
-	kept   bool          // guarded by mu: its last Lock took a hold its Unlock kept (keep.go)
-	late   int           // guarded by mu: requeued waits in a row whose first attempt failed (turn.go)
+	mu        sync.Mutex
+	last      pace          // guarded by mu
+	queue     int64         // guarded by mu
+	sample    sample        // guarded by mu: the token counter last seen
+	every     time.Duration // guarded by mu: how often the key changes hands, estimated
+	turn      time.Duration // guarded by mu: a requeued wait's turn, per waiter ahead, as learnt (turn.go)
+	busy      time.Duration // guarded by mu: how long its holds last, from acquire to release: the least lately (turn.go)
+	rtt       time.Duration // guarded by mu: the round trip of its acquires that took the key, the least seen lately (keep.go)
+	held      time.Time     // guarded by mu: when its last Lock took the key
+	hold      time.Duration // guarded by mu: how long its last hold lasted, from the Lock's return to the Unlock (keep.go)
+	batch     time.Time     // guarded by mu: when the acquire was sent that began its last run of holds (keep.go)
+	kept      bool          // guarded by mu: its last Lock took a hold its Unlock kept (keep.go)
+	late      int           // guarded by mu: requeued waits in a row whose first attempt failed (turn.go)
+	unplanned bool          // guarded by mu: its first requeued wait, with others ahead, went unplanned (turn.go)
 
 	unlocked time.Time // guarded by mu: when the last Unlock returned (requeue.go)
 	soon     bool      // guarded by mu: the last Lock began within the requeue window after the Unlock before it

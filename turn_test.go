@@ -110,11 +110,32 @@ func TestTookTurn(t *testing.T) {
 	joined := time.Unix(1000, 0)
 	const k = 4
 	plan := func(p *pacing) turnPlan { return p.planTurn(joined, k, 10*time.Millisecond, &cfg) }
-	t.Run("first guess is the hold, from the second wait", func(t *testing.T) {
+	t.Run("first guess: the first wait's turn, or the hold if shorter", func(t *testing.T) {
 		// The first, with others than the next holder ahead, is left to
-		// the ordinary schedule: they may still be on single holds.
+		// the ordinary schedule (they may still be on single holds), and
+		// measures the turn.
+		for _, tc := range []struct {
+			name      string
+			took      time.Duration // per waiter ahead, the first wait's
+			wantGuess time.Duration
+		}{
+			{"turn shorter than the hold", 8 * time.Millisecond, 8 * time.Millisecond},
+			{"hold shorter than the turn", 12 * time.Millisecond, 10 * time.Millisecond},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				var p pacing
+				first := plan(&p)
+				require.False(t, first.on, "the first requeued wait, with k ahead, planned")
+				p.tookTurn(first, joined.Add(k*tc.took))
+				tp := plan(&p)
+				require.True(t, tp.on)
+				assert.Equal(t, joined.Add(k*tc.wantGuess), tp.next)
+			})
+		}
+	})
+	t.Run("first guess is the hold, when the first wait measured nothing", func(t *testing.T) {
 		var p pacing
-		require.False(t, plan(&p).on, "the first requeued wait, with k ahead, planned")
+		require.False(t, plan(&p).on) // and gave up, say: no tookTurn
 		tp := plan(&p)
 		require.True(t, tp.on)
 		assert.Equal(t, joined.Add(k*10*time.Millisecond), tp.next)
