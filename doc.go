@@ -232,7 +232,8 @@
 // A requeued Lock knows when it joined the queue and how many waiters
 // were ahead of it, so it sends no command until its turn is due: k turns
 // after it joined, with k waiters ahead, a turn being learnt by the Mutex
-// from its earlier waits (at first, the length of its own last hold).
+// from its earlier waits (at first, the shorter of its own last hold and
+// the turn its first requeued wait measured; see below).
 // Then it sends acquire attempts, a short interval apart (a sixteenth of
 // a turn, within a sixteenth of the minimum backoff and half the maximum,
 // and at least the last attempt's round trip), which take the key
@@ -254,7 +255,7 @@
 // one waiter is ahead: the Clients ahead may still be on their first
 // Locks, whose holds are not kept, so an aim at its own kept holds would
 // come late, and a late aim holds up every waiter behind it. It polls as
-// below.
+// below, and measures the turn: the time it took per waiter ahead.
 //
 // Other waiters poll: the head with acquire attempts, about four times
 // per estimated hand-over period (estimated from how fast the key's token
