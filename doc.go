@@ -262,10 +262,10 @@
 // counter moves, and at least a quarter of the minimum backoff apart, so
 // the head may poll faster than [WithBackoff]'s minimum); the others by
 // reading the document, so that they learn when they reach the head: a
-// waiter with two or more ahead reads again when about one should be
-// left (but at most the maximum backoff later: an early estimate can be
-// far too long), the one next after the head about twice a period. No waiter is
-// woken by the server, so the key stays free until the next holder's
+// waiter with two or more ahead reads again when about one should be left
+// (but at most the maximum backoff later: an early estimate can be far
+// too long), the one next after the head about twice a period. No waiter
+// is woken by the server, so the key stays free until the next holder's
 // attempt comes: fairness costs throughput when holds are short and many
 // Clients wait.
 //
@@ -295,12 +295,12 @@
 // and the key freed). A Lock that must wait for another Client registers
 // (one command; when its primitive's view of the queue counter is stale,
 // or another registration beat it to the counter, a read and a retry, up
-// to four times); then the head of the queue polls with acquire attempts, so the
-// poll that finds the key free takes it, and the waiters behind it poll by
-// reading the document. A Lock whose primitive waited less than a TTL ago
-// registers at once, without a first attempt. A Client that loops Lock,
-// work, Unlock under steady contention spends, every two turns, the
-// Unlock's write that requeues its next Lock, the acquire that takes the
+// to four times); then the head of the queue polls with acquire attempts,
+// so the poll that finds the key free takes it, and the waiters behind it
+// poll by reading the document. A Lock whose primitive waited less than a
+// TTL ago registers at once, without a first attempt. A Client that
+// loops Lock, work, Unlock under steady contention spends, every two
+// turns, the Unlock's write that requeues its next Lock, the acquire that takes the
 // key, and its early attempts (the Unlock that keeps the hold and the
 // Lock that takes it over send nothing): measured, 1.1 to 2.1 commands an
 // acquisition with short holds (up to 2.4 in other runs of 8 Clients

@@ -152,12 +152,11 @@ func WithMaxHold(d time.Duration) Option {
 // Lock queued in the key's document polls on a schedule derived from how
 // often the key changes hands instead, within these bounds, except the
 // head of the queue, which polls at most every min/4, and a Lock that its
-// Mutex's Unlock queued, which sends nothing until its turn is due, however
-// long that is (see "Fairness" in the package documentation); min is also
-// the requeue window there. A
-// Mutex whose last wait ended less than a TTL ago starts from the interval
-// that wait reached instead of min. Defaults: [DefaultMinBackoff] and
-// [DefaultMaxBackoff].
+// Mutex's Unlock queued, which sends nothing until its turn is due,
+// however long that is (see "Fairness" in the package documentation); min
+// is also the requeue window there. A Mutex whose last wait ended less
+// than a TTL ago starts from the interval that wait reached instead of
+// min. Defaults: [DefaultMinBackoff] and [DefaultMaxBackoff].
 func WithBackoff(min, max time.Duration) Option {
 	return optionFunc(func(c *config) {
 		if min <= 0 || max < min {
