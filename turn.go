@@ -147,7 +147,9 @@ func (tp *turnPlan) miss(sent, now time.Time) {
 // measured (8 Clients holding 20 ms), a hold slowed once to 58 or 63 ms,
 // taken alone as the guess, put the next aims 46 and 84 ms late, over
 // issue 15's bound for the rounds after; with the shorter of the two, 26
-// runs of 30 came within it (README).
+// runs of 30 came within it (against the looser bound the benchmark then
+// computed from a cold server's floor; with the warm floor, 9 of 12, and
+// session 15's code 0 of 6: README).
 func (p *pacing) tookTurn(tp turnPlan, now time.Time) {
 	if tp.k == 0 {
 		return
