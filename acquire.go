@@ -634,7 +634,7 @@ func (c *Client) enqueue(ctx context.Context, cl claim, a attempt, q *queueing) 
 		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
 		return record{}, err
 	}
-	reg := c.newLease(nil, cl.cfg, a, 0, roleWaiter, sent)
+	reg := c.newLease(nil, cl.cfg, a, Token(a.queue+1), roleWaiter, sent) // a registration's token is its queue number
 	reg.data = nil
 	if !c.ext.add(reg) {
 		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, reg.ref()) })
@@ -896,6 +896,7 @@ type watchedEntry struct {
 	key      string
 	epoch    int64
 	token    Token
+	stored   string
 	deadline time.Time
 }
 
@@ -907,8 +908,8 @@ func (ew *entryWatch) observe(r record, now time.Time, roles ...role) {
 		for k, e := range r.entries(ro) {
 			id := string(rune('0'+ro)) + k
 			old, ok := ew.seen[id]
-			if !ok || old.epoch != e.Epoch || old.token != e.Token {
-				old = watchedEntry{role: ro, key: k, epoch: e.Epoch, token: e.Token, deadline: now.Add(e.TTL)}
+			if !ok || old.epoch != e.Epoch || old.token != e.Token || old.stored != e.Stored {
+				old = watchedEntry{role: ro, key: k, epoch: e.Epoch, token: e.Token, stored: e.Stored, deadline: now.Add(e.TTL)}
 				if ew.hasty {
 					old.deadline = now
 				}
@@ -933,7 +934,7 @@ func (ew *entryWatch) due(now time.Time) []staleEntry {
 	var stale []staleEntry
 	for _, e := range ew.seen {
 		if !now.Before(e.deadline) {
-			stale = append(stale, staleEntry{role: e.role, key: e.key, epoch: e.epoch, token: e.token})
+			stale = append(stale, staleEntry{role: e.role, key: e.key, epoch: e.epoch, token: e.token, stored: e.stored})
 		}
 	}
 	return stale

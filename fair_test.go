@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 // Tests of fair queueing across Clients (issue 15) on the in-memory store,
@@ -341,6 +342,133 @@ func TestFairQueueCrashedWaiter(t *testing.T) {
 		require.ErrorIs(t, <-bErr, context.Canceled)
 		require.NoError(t, mc.Unlock(context.Background()))
 	})
+}
+
+// TestCrashedWaiterOnServer is TestFairQueueCrashedWaiter on the test
+// server, in real time, with a short TTL: there a registration is one
+// string (waiterValue) that each extension replaces, and a reap matches
+// the string it read. b's live registration, extended, is not cleared by
+// c, which watches it; once b's Client stops, c clears it after it stood
+// still for a TTL, and takes the key. Then an older document's form of a
+// registration, a sub-document, is read and cleared as well.
+func TestCrashedWaiterOnServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out TTLs in real time")
+	}
+	const ttl = 300 * time.Millisecond
+	coll := newColl(t)
+	onServer := func() (*Client, *hooked) {
+		return memClient(t, newMongoStore(coll, func(context.Context, int) {}), WithTTL(ttl), WithBackoff(5*time.Millisecond, 50*time.Millisecond))
+	}
+	a, _ := onServer()
+	b, hb := onServer()
+	c, _ := onServer()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ma := a.NewMutex("k")
+	require.NoError(t, ma.Lock(ctx))
+	read := func() record { return readDoc(t, coll, "k").record() }
+	queued := func() []string {
+		es := slices.SortedFunc(maps.Values(read().Waiters), func(a, b entry) int { return cmp.Compare(a.Q, b.Q) })
+		owners := make([]string, len(es))
+		for i, e := range es {
+			owners[i] = e.Owner
+		}
+		return owners
+	}
+
+	bctx, bcancel := context.WithCancel(ctx)
+	defer bcancel()
+	bErr := make(chan error, 1)
+	go func() { bErr <- b.NewMutex("k").Lock(bctx) }()
+	require.Eventually(t, func() bool { return len(queued()) == 1 }, 5*time.Second, 5*time.Millisecond, "b registers")
+	mc := c.NewMutex("k")
+	cErr := make(chan error, 1)
+	go func() { cErr <- mc.Lock(ctx) }()
+	require.Eventually(t, func() bool { return len(queued()) == 2 }, 5*time.Second, 5*time.Millisecond, "c registers")
+	require.Equal(t, []string{b.owner, c.owner}, queued(), "b, then c, queued")
+	var stored string
+	for hk, e := range read().Waiters {
+		if e.Owner == b.owner {
+			stored = e.Stored
+			require.Equal(t, waiterValue(e.Q, ttl, e.Epoch), e.Stored, "registration %s stored as one string", hk)
+		}
+	}
+
+	// a holds on for three TTLs: b's Client extends its registration
+	// (a new string each time), so c, which reads and watches it, must
+	// not clear it.
+	deadline := time.Now().Add(3 * ttl)
+	for time.Now().Before(deadline) {
+		require.Equal(t, []string{b.owner, c.owner}, queued(), "a live registration was cleared")
+		time.Sleep(ttl / 10) // sampling the document, not waiting for an event
+	}
+	for _, e := range read().Waiters {
+		if e.Owner == b.owner {
+			assert.NotEqual(t, stored, e.Stored, "b's registration was not extended")
+		}
+	}
+
+	for _, op := range []string{"acquire", "extend", "release", "read", "register", "requeue", "reap"} {
+		hb.on(op, hang) // b's Client stops: nothing it sends arrives
+	}
+	unlocked := time.Now()
+	require.NoError(t, ma.Unlock(ctx))
+	require.NoError(t, <-cErr, "c takes the key once b's registration is cleared")
+	took := time.Since(unlocked)
+	t.Logf("c took the key %v after the Unlock", took)
+	assert.GreaterOrEqual(t, took, ttl-ttl/3, "c cleared b's registration before it stood still for a TTL")
+	assert.Equal(t, c.owner, read().Owner)
+	assert.Empty(t, read().Waiters)
+	bcancel()
+	require.ErrorIs(t, <-bErr, context.Canceled)
+
+	// A registration in the older form, a sub-document, of a waiter that
+	// is gone: read as a registration, and cleared after a TTL.
+	old := entryDoc{Owner: "gone", Hold: 1, TTL: ttlMillis(ttl), Epoch: 7, Q: read().Queue + 1}
+	_, err := coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: "k"}}, bson.D{{Key: "$set", Value: bson.D{
+		{Key: path(fW, holdKey("gone", 1)), Value: old}, {Key: fQueue, Value: old.Q}}}})
+	require.NoError(t, err)
+	e, ok := read().Waiters[holdKey("gone", 1)]
+	require.True(t, ok)
+	assert.Equal(t, entry{Owner: "gone", Hold: 1, TTL: ttl, Epoch: 7, Q: old.Q}, e)
+	require.NoError(t, mc.Unlock(ctx))
+	d, _ := onServer()
+	require.NoError(t, d.NewMutex("k").Lock(ctx), "d takes the key once the old registration is cleared")
+	assert.Equal(t, d.owner, read().Owner)
+}
+
+// TestDecodeWaiters: a registration is read from its string, or from the
+// sub-document an older dlock wrote; one that is neither is read with
+// queue number 0 and no TTL, so the waiters that read it clear it at once
+// (reap matches the string they read, Stored).
+func TestDecodeWaiters(t *testing.T) {
+	raw := func(v any) bson.RawValue {
+		typ, data, err := bson.MarshalValue(v)
+		require.NoError(t, err)
+		return bson.RawValue{Type: typ, Value: data}
+	}
+	hk := holdKey("owner-1", 42)
+	for _, tc := range []struct {
+		name string
+		v    any
+		want entry
+	}{
+		{"string", waiterValue(7, 1500*time.Millisecond, 99), entry{Q: 7, TTL: 1500 * time.Millisecond, Epoch: 99, Stored: "7:1500:99"}},
+		{"older sub-document", entryDoc{Owner: "owner-1", Hold: 42, TTL: 1500, Epoch: 99, Q: 7}, entry{Q: 7, TTL: 1500 * time.Millisecond, Epoch: 99}},
+		{"malformed string", "7:x:99", entry{Stored: "7:x:99"}},
+		{"too few fields", "7:1500", entry{Stored: "7:1500"}},
+		{"a number", int64(3), entry{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.want.Owner, tc.want.Hold = "owner-1", 42
+			got := decodeWaiters(map[string]bson.RawValue{hk: raw(tc.v)})
+			assert.Equal(t, map[string]entry{hk: tc.want}, got)
+		})
+	}
+	owner, hold := parseHoldKey("not a hold key")
+	assert.Equal(t, "", owner)
+	assert.Zero(t, hold)
 }
 
 // ringRounds has the Mutexes ms, of separate Clients on one key, take

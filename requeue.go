@@ -109,7 +109,7 @@ func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) 
 		return true, err
 	}
 	cl.pace.sawQueue(r.Queue)
-	reg := c.newLease(nil, cl.cfg, a, 0, roleWaiter, sent)
+	reg := c.newLease(nil, cl.cfg, a, Token(a.queue+1), roleWaiter, sent) // a registration's token is its queue number
 	reg.data = nil
 	lo := &leftover{lease: reg, a: a, pace: cl.pace, r: r, at: at, busy: at.Sub(cl.pace.batchSince(l.acquired)), taken: make(chan struct{})}
 	if !c.ext.add(reg) || !c.leaveFor(cl, lo) {

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -38,6 +39,10 @@ type entry struct {
 	Data  []byte
 	Epoch int64
 	Q     int64 // a waiter's queue number: waiters take the key in its order
+
+	// Stored is a registration as stored, when the store keeps it as one
+	// value (mongoStore: waiterValue); a reap of it matches that value.
+	Stored string
 }
 
 // free reports whether nobody holds the key, exclusively or shared.
@@ -120,12 +125,29 @@ func holdKey(owner string, hold int64) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(owner)) + ":" + strconv.FormatInt(hold, 10)
 }
 
-// staleEntry names an entry by its epoch (and token), for reap.
+// parseHoldKey returns the owner and hold id that hk names, or "" and 0
+// if it is not a hold key.
+func parseHoldKey(hk string) (string, int64) {
+	i := strings.LastIndexByte(hk, ':')
+	if i < 0 {
+		return "", 0
+	}
+	owner, err := base64.RawURLEncoding.DecodeString(hk[:i])
+	hold, err2 := strconv.ParseInt(hk[i+1:], 10, 64)
+	if err != nil || err2 != nil {
+		return "", 0
+	}
+	return string(owner), hold
+}
+
+// staleEntry names an entry by its epoch (and token), or as stored
+// (entry.Stored), for reap.
 type staleEntry struct {
-	role  role // roleShared or roleWaiter
-	key   string
-	epoch int64
-	token Token
+	role   role // roleShared or roleWaiter
+	key    string
+	epoch  int64
+	token  Token
+	stored string
 }
 
 // A stamp names one state of a record, for a takeover: its revision and

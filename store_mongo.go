@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -36,15 +39,12 @@ const (
 	fFloor = "floor"
 )
 
-// Fields of an entry in h or w.
+// Fields of a shared hold's entry in h (entryDoc has them all). A
+// registration in w is one string (waiterValue); dlock stored it before
+// as an entry too, with q, its queue number (decodeWaiters reads both).
 const (
-	eOwner = "o"
-	eHold  = "hold"
 	eToken = "t"
-	eTTL   = "ttl"
-	eData  = "d"
 	eEpoch = "e"
-	eQ     = "q" // a waiter's queue number
 )
 
 // floorID is the _id of the floor document: a number, which no key (a
@@ -63,12 +63,13 @@ type lockDoc struct {
 	Data  []byte    `bson:"data"`
 	Kind  string    `bson:"kind"`
 
-	H     map[string]entryDoc `bson:"h"`
-	W     map[string]entryDoc `bson:"w"`
-	Queue int64               `bson:"wq"`
+	H     map[string]entryDoc      `bson:"h"`
+	W     map[string]bson.RawValue `bson:"w"` // registrations: see waiterValue
+	Queue int64                    `bson:"wq"`
 }
 
-// entryDoc is the stored form of an entry.
+// entryDoc is the stored form of a shared hold's entry, and of a
+// registration as an older dlock stored it.
 type entryDoc struct {
 	Owner string `bson:"o"`
 	Hold  int64  `bson:"hold"`
@@ -81,7 +82,55 @@ type entryDoc struct {
 
 func (d lockDoc) record() record {
 	return record{Owner: d.Owner, Token: Token(d.Token), Rev: d.Rev, TTL: time.Duration(d.TTL) * time.Millisecond, At: d.At, Hold: d.Hold, Raw: d.Raw,
-		Data: d.Data, Kind: d.Kind, Shared: entries(d.H), Waiters: entries(d.W), Queue: d.Queue}
+		Data: d.Data, Kind: d.Kind, Shared: entries(d.H), Waiters: decodeWaiters(d.W), Queue: d.Queue}
+}
+
+// A registration is stored as one string, waiterValue's "q:ttl:epoch"
+// (its queue number, its TTL in milliseconds, and its epoch), under its
+// hold key, which names the owner and the hold id. Every write of the
+// document rewrites the whole of it on some servers, and evaluates the
+// filter on the whole of it, so the queue, which grows with the waiters,
+// is kept to one field each: measured on the test server (FerretDB v1),
+// a lock write on a document with 7 registrations took 0.4 to 0.6 ms less
+// with them stored so than as sub-documents of six fields (2.0 to 2.5 ms
+// against 2.4 to 3.1), and a hand-over is two such writes. An extension
+// replaces the string with one of a new epoch; a reap matches the string
+// it read, so it clears nothing extended since.
+func waiterValue(q int64, ttl time.Duration, epoch int64) string {
+	return strconv.FormatInt(q, 10) + ":" + strconv.FormatInt(ttlMillis(ttl), 10) + ":" + strconv.FormatInt(epoch, 10)
+}
+
+// decodeWaiters decodes the registrations of a record. One stored as a
+// sub-document (as dlock stored them before) is read as such; one that
+// is neither is read with no TTL and queue number 0, so that the waiters
+// that read it clear it at once rather than wait behind it.
+func decodeWaiters(docs map[string]bson.RawValue) map[string]entry {
+	if len(docs) == 0 {
+		return nil
+	}
+	m := make(map[string]entry, len(docs))
+	for hk, v := range docs {
+		owner, hold := parseHoldKey(hk)
+		e := entry{Owner: owner, Hold: hold}
+		if s, ok := v.StringValueOK(); ok {
+			e.Stored = s
+			if f := strings.Split(s, ":"); len(f) == 3 {
+				q, err1 := strconv.ParseInt(f[0], 10, 64)
+				ttl, err2 := strconv.ParseInt(f[1], 10, 64)
+				epoch, err3 := strconv.ParseInt(f[2], 10, 64)
+				if err1 == nil && err2 == nil && err3 == nil {
+					e.Q, e.TTL, e.Epoch = q, time.Duration(ttl)*time.Millisecond, epoch
+				}
+			}
+		} else {
+			var ed entryDoc
+			if v.Unmarshal(&ed) == nil {
+				e.TTL, e.Epoch, e.Q = time.Duration(ed.TTL)*time.Millisecond, ed.Epoch, ed.Q
+			}
+		}
+		m[hk] = e
+	}
+	return m
 }
 
 func entries(docs map[string]entryDoc) map[string]entry {
@@ -133,6 +182,7 @@ func kindFilter(k string) bson.E {
 type mongoStore struct {
 	coll    *mongo.Collection
 	counted func(ctx context.Context, n int) // telemetry: commands sent
+	epochs  atomic.Int64                     // the last epoch written to a registration (waiterValue)
 
 	mu       sync.Mutex
 	maxBatch int // statements per write command: 0 for any, -1 until known
@@ -151,8 +201,14 @@ func newMongoStore(coll *mongo.Collection, counted func(context.Context, int)) *
 		SetWriteConcern(writeconcern.Majority()).
 		SetReadConcern(readconcern.Majority()).
 		SetReadPreference(readpref.Primary())) // a lagging secondary would show a stale holder
-	return &mongoStore{coll: coll, counted: counted, maxBatch: -1}
+	s := &mongoStore{coll: coll, counted: counted, maxBatch: -1}
+	s.epochs.Store(rand.Int64N(1 << 62))
+	return s
 }
+
+// epoch returns a new epoch for a registration of this store's owner:
+// each differs from every one before it (see waiterValue).
+func (s *mongoStore) epoch() int64 { return s.epochs.Add(1) }
 
 func ttlMillis(ttl time.Duration) int64 {
 	return int64((ttl + time.Millisecond - 1) / time.Millisecond)
@@ -196,16 +252,18 @@ func held(ref leaseRef) bson.D {
 }
 
 // extension is the update that extends ref.
-func extension(ref leaseRef) bson.D {
-	if ref.role == roleExclusive {
+func (s *mongoStore) extension(ref leaseRef) bson.D {
+	switch ref.role {
+	case roleExclusive:
 		return touch
-	}
-	inc := bson.D{{Key: path(sub(ref.role), holdKey(ref.owner, ref.hold), eEpoch), Value: int64(1)}}
-	if ref.role == roleShared { // a registration is not a hold: it leaves the revision alone
-		inc = append(inc, bson.E{Key: fRev, Value: int64(1)})
+	case roleWaiter: // a registration's token is its queue number
+		return bson.D{
+			{Key: "$set", Value: bson.D{{Key: path(fW, holdKey(ref.owner, ref.hold)), Value: waiterValue(int64(ref.token), ref.ttl, s.epoch())}}},
+			{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
+		}
 	}
 	return bson.D{
-		{Key: "$inc", Value: inc},
+		{Key: "$inc", Value: bson.D{{Key: path(fH, holdKey(ref.owner, ref.hold), eEpoch), Value: int64(1)}, {Key: fRev, Value: int64(1)}}},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}
 }
@@ -285,7 +343,7 @@ func queueGate(a attempt) bson.D {
 	case !a.registered:
 		return bson.D{{Key: fW, Value: emptyOrNone}}
 	}
-	gate := bson.D{{Key: path(fW, a.holdKey(), eHold), Value: a.hold}}
+	gate := bson.D{{Key: path(fW, a.holdKey()), Value: bson.D{{Key: "$exists", Value: true}}}}
 	for _, hk := range a.ahead {
 		gate = append(gate, bson.E{Key: path(fW, hk), Value: bson.D{{Key: "$exists", Value: false}}})
 	}
@@ -347,7 +405,7 @@ func (s *mongoStore) acquireShared(ctx context.Context, a attempt) (record, erro
 func (s *mongoStore) register(ctx context.Context, a attempt) (record, error) {
 	filter := bson.D{{Key: "_id", Value: a.key}, kindFilter(a.kind), queueAtMost(a.queue)}
 	update := bson.D{ // a registration is not a hold: it leaves the revision alone
-		{Key: "$set", Value: registration(a)},
+		{Key: "$set", Value: s.registration(a)},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}
 	r, err := s.modify(ctx, filter, update, "register a waiter for", a.key)
@@ -372,7 +430,11 @@ func (s *mongoStore) reap(ctx context.Context, key string, at stamp, stale []sta
 		var unset bson.D
 		shared := 0
 		for _, e := range stale {
-			filter = append(filter, bson.E{Key: path(sub(e.role), e.key, eEpoch), Value: e.epoch})
+			if e.stored != "" { // a registration, as read
+				filter = append(filter, bson.E{Key: path(fW, e.key), Value: e.stored})
+			} else {
+				filter = append(filter, bson.E{Key: path(sub(e.role), e.key, eEpoch), Value: e.epoch})
+			}
 			if e.role == roleShared {
 				filter = append(filter, bson.E{Key: path(fH, e.key, eToken), Value: int64(e.token)})
 			}
@@ -428,7 +490,7 @@ func (s *mongoStore) handoff(ctx context.Context, ref leaseRef, next attempt) (r
 func (s *mongoStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error) {
 	models := make([]mongo.WriteModel, len(refs))
 	for i, ref := range refs {
-		models[i] = mongo.NewUpdateOneModel().SetFilter(held(ref)).SetUpdate(extension(ref))
+		models[i] = mongo.NewUpdateOneModel().SetFilter(held(ref)).SetUpdate(s.extension(ref))
 	}
 	matched, err := s.bulkWrite(ctx, models)
 	if err != nil {
@@ -476,15 +538,14 @@ func queueAtMost(q int64) bson.E {
 
 // registration is the $set of a's registration with queue number
 // a.queue+1, which also becomes the queue counter.
-func registration(a attempt) bson.D {
+func (s *mongoStore) registration(a attempt) bson.D {
 	q := a.queue + 1
-	e := entryDoc{Owner: a.owner, Hold: a.hold, TTL: ttlMillis(a.ttl), Epoch: rand.Int64N(1 << 62), Q: q}
-	return bson.D{{Key: fQueue, Value: q}, {Key: path(fW, a.holdKey()), Value: e}}
+	return bson.D{{Key: fQueue, Value: q}, {Key: path(fW, a.holdKey()), Value: waiterValue(q, a.ttl, s.epoch())}}
 }
 
 func (s *mongoStore) requeue(ctx context.Context, ref leaseRef, next attempt) (record, error) {
 	update := bson.D{
-		{Key: "$set", Value: append(bson.D{{Key: fOwner, Value: ""}}, registration(next)...)},
+		{Key: "$set", Value: append(bson.D{{Key: fOwner, Value: ""}}, s.registration(next)...)},
 		{Key: "$unset", Value: bson.D{{Key: fData, Value: ""}}},
 		{Key: "$inc", Value: bson.D{{Key: fRev, Value: int64(1)}}},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
