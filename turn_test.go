@@ -165,6 +165,20 @@ func TestTookTurn(t *testing.T) {
 		}
 		assert.Less(t, p.turn, 10*time.Millisecond)
 	})
+	t.Run("one ahead: earlier by a sixteenth of a retry, pulled to a retry past the hold", func(t *testing.T) {
+		p := pacing{turn: 30 * time.Millisecond, busy: 10 * time.Millisecond}
+		tp := p.planTurn(joined, 1, 10*time.Millisecond, &cfg)
+		require.True(t, tp.on)
+		p.tookTurn(tp, tp.next.Add(time.Millisecond))
+		// Half way down to the hold plus a retry interval, not to the hold.
+		assert.Equal(t, 30*time.Millisecond-(30*time.Millisecond-10*time.Millisecond-tp.retry)/2, p.turn)
+		// Within a retry interval of the hold plus one: a sixteenth of an
+		// interval earlier (with more ahead, half the way to the hold).
+		p.turn = 10700 * time.Microsecond
+		tp = p.planTurn(joined, 1, 10*time.Millisecond, &cfg)
+		p.tookTurn(tp, tp.next.Add(time.Millisecond))
+		assert.Equal(t, 10700*time.Microsecond-tp.retry/16, p.turn)
+	})
 	t.Run("first attempt failed: later, not past when it took the key", func(t *testing.T) {
 		p := pacing{turn: 10 * time.Millisecond, busy: 10 * time.Millisecond}
 		tp := p.planTurn(joined, k, 10*time.Millisecond, &cfg)
