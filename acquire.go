@@ -884,7 +884,7 @@ func (c *Client) raise(ctx context.Context, a attempt, r record, early Token) (r
 // writers' registrations) of a record: each entry's epoch and, on the
 // waiter's clock, when it may be cleared if its epoch has not changed.
 // That is the rule of watch, applied per entry: an owner's extension
-// increments its entry's epoch, so an epoch unchanged for the entry's TTL
+// changes its entry's epoch, so an epoch unchanged for the entry's TTL
 // since the waiter's read arrived means its owner relies on it no more.
 type entryWatch struct {
 	seen  map[string]watchedEntry

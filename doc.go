@@ -253,9 +253,11 @@
 // holding 20 ms: README). With one waiter ahead (two Clients taking
 // turns), where a late aim holds up no one else, a success moves the aim
 // earlier by a smaller step, and pulls it no lower than a retry interval
-// after the own holds: about one first attempt in nine is early, each a
-// command saved (measured with 2 Clients holding 300 ms: 0.38 to 0.71
-// early attempts an acquisition, against 0.59 to 0.84). A Mutex's first
+// after the own holds: about one first attempt in nine is early, not a
+// third, each a command saved (measured with 2 Clients holding 300 ms,
+// counting every failed attempt, the polls of the first waits, which no
+// plan schedules, included: 0.38 to 0.71 an acquisition, against 0.59 to
+// 0.84). A Mutex's first
 // requeued wait is not planned when more than one waiter is ahead: the
 // Clients ahead may still be on their first Locks, whose holds are not
 // kept, so an aim at its own kept holds would come late, and a late aim
@@ -387,7 +389,12 @@ package dlock
 //	               filter and encodes it again: a lock write on a document
 //	               with 7 waiters took 0.4 to 0.6 ms less, and 2 such
 //	               writes make a hand-over). dlock stored it before as
-//	               {o: owner, hold, ttl, e, q}, which is still read
+//	               {o: owner, hold, t, ttl, e, q}, which is still read;
+//	               an older dlock cannot read the string, so all the
+//	               Clients of a collection are upgraded together. A value
+//	               that is neither (nothing dlock writes) is read as a
+//	               crashed waiter's, and cleared at once; a reap matches
+//	               a registration's value as read, whatever it is
 //	wq     int64   the greatest queue number handed out (absent: 0). A
 //	               registration is a compare-and-set on it: filter wq: Q,
 //	               $set wq: Q+1 and w.<hk>: "Q+1:ttl:e"
@@ -436,7 +443,7 @@ package dlock
 //     unchanged for the entry's ttl on its own monotonic clock, counted
 //     from when its read's reply arrived, may remove it (reap) by a write
 //     conditional on h.<hk>.e (and h.<hk>.t) being those values, or on
-//     w.<hk> being the string it read. That is
+//     w.<hk> being the value it read. That is
 //     the same rule, and the same argument, as the exclusive takeover,
 //     applied per entry. A waiter watches, and reaps, only the entries
 //     that block it: a writer the shared holds; a reader the
@@ -474,10 +481,15 @@ package dlock
 // only ever raised with $max.
 //
 //  6. Queue: an exclusive acquire's filter carries a gate. Unregistered:
-//     w is empty. Registered as hk: w.<hk> exists (it was not cleared:
-//     hk names the hold, and no hold id is used twice), and w.<a> does
-//     not exist for each hold key a of the waiters that the waiter has
-//     seen registered before it. That list is
+//     w is empty. Registered as hk: w.<hk> exists (its registration was
+//     not cleared), and w.<a> does not exist for each hold key a of the
+//     waiters that the waiter has seen registered before it. (A wait
+//     whose registration was cleared registers again under the same hk,
+//     with a greater queue number, and sees anew who is ahead of it. An
+//     extension of a registration matches its own queue number, w.<hk>
+//     beginning "q:", so a late extension of the cleared one cannot put
+//     its old number back and stand it ahead of waiters that registered
+//     in between.) That list is
 //     complete from its registration's reply on: queue numbers come from
 //     a compare-and-set on wq, so every waiter with a smaller number was
 //     in the document when it registered, and every later registration

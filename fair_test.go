@@ -4,7 +4,9 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sync"
 	"testing"
@@ -395,7 +397,7 @@ func TestCrashedWaiterOnServer(t *testing.T) {
 	for hk, e := range read().Waiters {
 		if e.Owner == b.owner {
 			stored = e.Stored
-			require.Equal(t, waiterValue(e.Q, ttl, e.Epoch), e.Stored, "registration %s stored as one string", hk)
+			require.Equal(t, waiterValue(e.Q, ttl, e.Epoch), storedValue(e.Stored).StringValue(), "registration %s stored as one string", hk)
 		}
 	}
 
@@ -435,6 +437,7 @@ func TestCrashedWaiterOnServer(t *testing.T) {
 	require.NoError(t, err)
 	e, ok := read().Waiters[holdKey("gone", 1)]
 	require.True(t, ok)
+	e.Stored = "" // TestDecodeWaiters has it
 	assert.Equal(t, entry{Owner: "gone", Hold: 1, TTL: ttl, Epoch: 7, Q: old.Q}, e)
 	require.NoError(t, mc.Unlock(ctx))
 	d, _ := onServer()
@@ -442,12 +445,101 @@ func TestCrashedWaiterOnServer(t *testing.T) {
 	assert.Equal(t, d.owner, read().Owner)
 }
 
+// TestMalformedRegistrationOnServer: a registration that no dlock wrote
+// (a malformed string, another type, a sub-document that is not an older
+// dlock's) is cleared at once by the waiter that finds it ahead, which
+// then takes the key: a reap matches the value as read, whatever it is
+// (matching by an epoch that such a value lacks, none of them would ever
+// go, and the queue would stand still for good).
+func TestMalformedRegistrationOnServer(t *testing.T) {
+	coll := newColl(t)
+	c := newClient(t, coll)
+	for i, v := range []any{"", "7:x:99", "1:9223372036854775807:1", int64(3), nil, bson.D{{Key: "o", Value: "x"}}} {
+		key := fmt.Sprintf("k%d", i)
+		t.Run(fmt.Sprintf("%#v", v), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			m := c.NewMutex(key)
+			require.NoError(t, m.Lock(ctx))
+			require.NoError(t, m.Unlock(ctx))
+			hk := holdKey("not dlock", 1)
+			_, err := coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: key}}, bson.D{{Key: "$set", Value: bson.D{{Key: path(fW, hk), Value: v}}}})
+			require.NoError(t, err)
+			require.Contains(t, readDoc(t, coll, key).record().Waiters, hk)
+
+			require.NoError(t, m.Lock(ctx), "the registration ahead is cleared, and the key taken")
+			assert.NotContains(t, readDoc(t, coll, key).record().Waiters, hk)
+			require.NoError(t, m.Unlock(ctx))
+		})
+	}
+}
+
+// TestLateExtensionAfterReregistration: a wait whose registration was
+// cleared (by a waiter behind it, while its Client could not extend it)
+// registers again under the same hold key, behind those who registered
+// meanwhile. An extension of the first registration that arrives after
+// that must not match the second and put its old queue number back, or
+// the wait would stand ahead of waiters that registered before it (and
+// they, once they read that, behind it: both gates open, or both shut).
+// On both stores.
+func TestLateExtensionAfterReregistration(t *testing.T) {
+	const ttl = 10 * time.Second
+	for name, st := range map[string]func() store{
+		"mongo": func() store { return newMongoStore(newColl(t), func(context.Context, int) {}) },
+		"mem":   func() store { return newMemStore() },
+	} {
+		t.Run(name, func(t *testing.T) {
+			s, ctx, key := st(), context.Background(), "k"
+			_, err := s.acquire(ctx, attempt{key: key, owner: "holder", hold: 1, ttl: ttl}, stamp{})
+			require.NoError(t, err)
+			register := func(owner string, hold, queue int64) entry {
+				t.Helper()
+				r, err := s.register(ctx, attempt{key: key, owner: owner, hold: hold, ttl: ttl, queue: queue})
+				require.NoError(t, err)
+				return r.Waiters[holdKey(owner, hold)]
+			}
+			hk := holdKey("w", 7)
+			first := register("w", 7, 0)
+			require.EqualValues(t, 1, first.Q)
+			r, err := s.read(ctx, key)
+			require.NoError(t, err)
+			ok, err := s.reap(ctx, key, stamp{}, []staleEntry{{role: roleWaiter, key: hk, epoch: first.Epoch, stored: r.Waiters[hk].Stored}})
+			require.NoError(t, err)
+			require.True(t, ok, "the first registration cleared")
+			require.EqualValues(t, 2, register("b", 1, 1).Q)
+			require.EqualValues(t, 3, register("w", 7, 2).Q, "registered again, same hold key, behind b")
+
+			late := leaseRef{key: key, owner: "w", hold: 7, ttl: ttl, token: Token(first.Q), role: roleWaiter}
+			oks, err := s.extend(ctx, []leaseRef{late})
+			require.NoError(t, err)
+			assert.False(t, oks[0], "the late extension of the first registration matched the second")
+			r, err = s.read(ctx, key)
+			require.NoError(t, err)
+			assert.EqualValues(t, 3, r.Waiters[hk].Q, "the queue number after the late extension")
+
+			now := late
+			now.token = 3
+			oks, err = s.extend(ctx, []leaseRef{now})
+			require.NoError(t, err)
+			assert.True(t, oks[0], "the second registration's own extension")
+			r2, err := s.read(ctx, key)
+			require.NoError(t, err)
+			assert.EqualValues(t, 3, r2.Waiters[hk].Q)
+			assert.NotEqual(t, r.Waiters[hk].Epoch, r2.Waiters[hk].Epoch, "extended: a new epoch")
+		})
+	}
+}
+
 // TestDecodeWaiters: a registration is read from its string, or from the
-// sub-document an older dlock wrote; one that is neither is read with
-// queue number 0 and no TTL, so the waiters that read it clear it at once
-// (reap matches the string they read, Stored).
+// sub-document an older dlock wrote; one that is neither, or whose TTL is
+// negative or too long for a time.Duration, is read with queue number 0
+// and no TTL, so the waiters that read it clear it at once. Each keeps
+// its value as stored, whatever it is, for a reap to match.
 func TestDecodeWaiters(t *testing.T) {
 	raw := func(v any) bson.RawValue {
+		if rv, ok := v.(bson.RawValue); ok {
+			return rv
+		}
 		typ, data, err := bson.MarshalValue(v)
 		require.NoError(t, err)
 		return bson.RawValue{Type: typ, Value: data}
@@ -458,16 +550,26 @@ func TestDecodeWaiters(t *testing.T) {
 		v    any
 		want entry
 	}{
-		{"string", waiterValue(7, 1500*time.Millisecond, 99), entry{Q: 7, TTL: 1500 * time.Millisecond, Epoch: 99, Stored: "7:1500:99"}},
+		{"string", waiterValue(7, 1500*time.Millisecond, 99), entry{Q: 7, TTL: 1500 * time.Millisecond, Epoch: 99}},
 		{"older sub-document", entryDoc{Owner: "owner-1", Hold: 42, TTL: 1500, Epoch: 99, Q: 7}, entry{Q: 7, TTL: 1500 * time.Millisecond, Epoch: 99}},
-		{"malformed string", "7:x:99", entry{Stored: "7:x:99"}},
-		{"too few fields", "7:1500", entry{Stored: "7:1500"}},
+		{"malformed string", "7:x:99", entry{}},
+		{"too few fields", "7:1500", entry{}},
+		{"empty string", "", entry{}},
+		{"negative TTL", "7:-1500:99", entry{}},
+		{"TTL too long for a Duration", "7:9223372036854775807:99", entry{}},
+		{"sub-document, TTL too long", entryDoc{TTL: math.MaxInt64, Epoch: 99, Q: 7}, entry{}},
 		{"a number", int64(3), entry{}},
+		{"null", bson.RawValue{Type: bson.TypeNull}, entry{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			v := raw(tc.v)
 			tc.want.Owner, tc.want.Hold = "owner-1", 42
-			got := decodeWaiters(map[string]bson.RawValue{hk: raw(tc.v)})
-			assert.Equal(t, map[string]entry{hk: tc.want}, got)
+			got := decodeWaiters(map[string]bson.RawValue{hk: v})
+			require.Contains(t, got, hk)
+			e := got[hk]
+			assert.True(t, v.Equal(storedValue(e.Stored)), "the value as stored: %v, kept %q", v, e.Stored)
+			e.Stored = ""
+			assert.Equal(t, tc.want, e)
 		})
 	}
 	owner, hold := parseHoldKey("not a hold key")

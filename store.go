@@ -30,7 +30,9 @@ type record struct {
 }
 
 // An entry is a shared hold or a registration in a record, watched for
-// liveness by its epoch, which each extension increments.
+// liveness by its epoch, which each extension changes (a shared hold's is
+// incremented; a registration's, in mongoStore, is the next value of its
+// Client's epoch counter).
 type entry struct {
 	Owner string
 	Hold  int64
@@ -40,8 +42,11 @@ type entry struct {
 	Epoch int64
 	Q     int64 // a waiter's queue number: waiters take the key in its order
 
-	// Stored is a registration as stored, when the store keeps it as one
-	// value (mongoStore: waiterValue); a reap of it matches that value.
+	// Stored is a registration's value exactly as the store keeps it,
+	// opaque, or "" for a store that keeps none (memStore). mongoStore
+	// keeps the BSON value's type byte, then its bytes, whatever the value
+	// is: a reap matches it whole, so it clears only a value that nobody
+	// rewrote since it was read, a malformed one included.
 	Stored string
 }
 
@@ -140,8 +145,9 @@ func parseHoldKey(hk string) (string, int64) {
 	return string(owner), hold
 }
 
-// staleEntry names an entry by its epoch (and token), or as stored
-// (entry.Stored), for reap.
+// staleEntry names an entry, for reap: a registration as stored
+// (entry.Stored) when the store keeps that; otherwise by its epoch (and a
+// shared hold by its token).
 type staleEntry struct {
 	role   role // roleShared or roleWaiter
 	key    string

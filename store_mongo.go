@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -94,16 +95,23 @@ func (d lockDoc) record() record {
 // a lock write on a document with 7 registrations took 0.4 to 0.6 ms less
 // with them stored so than as sub-documents of six fields (2.0 to 2.5 ms
 // against 2.4 to 3.1), and a hand-over is two such writes. An extension
-// replaces the string with one of a new epoch; a reap matches the string
-// it read, so it clears nothing extended since.
+// replaces the string with one of a new epoch, and only while it still
+// has the registration's queue number (waiterFilter); a reap matches the
+// value it read, so it clears nothing extended since.
 func waiterValue(q int64, ttl time.Duration, epoch int64) string {
 	return strconv.FormatInt(q, 10) + ":" + strconv.FormatInt(ttlMillis(ttl), 10) + ":" + strconv.FormatInt(epoch, 10)
 }
 
+// maxTTLMillis is the longest TTL, in milliseconds, that a time.Duration
+// holds.
+const maxTTLMillis = int64(math.MaxInt64 / time.Millisecond)
+
 // decodeWaiters decodes the registrations of a record. One stored as a
 // sub-document (as dlock stored them before) is read as such; one that
-// is neither is read with no TTL and queue number 0, so that the waiters
-// that read it clear it at once rather than wait behind it.
+// is neither, or whose TTL is negative or too long for a time.Duration,
+// is read with no TTL and queue number 0, so that the waiters that read
+// it clear it at once rather than wait behind it. Each keeps its value as
+// stored (entry.Stored), which is what a reap of it matches.
 func decodeWaiters(docs map[string]bson.RawValue) map[string]entry {
 	if len(docs) == 0 {
 		return nil
@@ -111,26 +119,30 @@ func decodeWaiters(docs map[string]bson.RawValue) map[string]entry {
 	m := make(map[string]entry, len(docs))
 	for hk, v := range docs {
 		owner, hold := parseHoldKey(hk)
-		e := entry{Owner: owner, Hold: hold}
+		e := entry{Owner: owner, Hold: hold, Stored: string(append([]byte{byte(v.Type)}, v.Value...))}
 		if s, ok := v.StringValueOK(); ok {
-			e.Stored = s
 			if f := strings.Split(s, ":"); len(f) == 3 {
 				q, err1 := strconv.ParseInt(f[0], 10, 64)
 				ttl, err2 := strconv.ParseInt(f[1], 10, 64)
 				epoch, err3 := strconv.ParseInt(f[2], 10, 64)
-				if err1 == nil && err2 == nil && err3 == nil {
+				if err1 == nil && err2 == nil && err3 == nil && ttl >= 0 && ttl <= maxTTLMillis {
 					e.Q, e.TTL, e.Epoch = q, time.Duration(ttl)*time.Millisecond, epoch
 				}
 			}
 		} else {
 			var ed entryDoc
-			if v.Unmarshal(&ed) == nil {
+			if v.Unmarshal(&ed) == nil && ed.TTL >= 0 && ed.TTL <= maxTTLMillis {
 				e.TTL, e.Epoch, e.Q = time.Duration(ed.TTL)*time.Millisecond, ed.Epoch, ed.Q
 			}
 		}
 		m[hk] = e
 	}
 	return m
+}
+
+// storedValue is the BSON value that entry.Stored s keeps.
+func storedValue(s string) bson.RawValue {
+	return bson.RawValue{Type: bson.Type(s[0]), Value: []byte(s[1:])}
 }
 
 func entries(docs map[string]entryDoc) map[string]entry {
@@ -249,6 +261,18 @@ func held(ref leaseRef) bson.D {
 		return bson.D{{Key: "_id", Value: ref.key}, {Key: path(fW, holdKey(ref.owner, ref.hold)), Value: bson.D{{Key: "$exists", Value: true}}}}
 	}
 	return bson.D{{Key: "_id", Value: ref.key}, {Key: fOwner, Value: ref.owner}, {Key: fToken, Value: int64(ref.token)}}
+}
+
+// waiterFilter matches registration ref while it has ref's queue number
+// (a registration's token): its string begins "q:". A registration that
+// was cleared and made again under the same hold key (a wait whose
+// registration a waiter behind it cleared registers again, with the same
+// hold id) has a greater number, so a late extension of the first one
+// does not match it, and cannot put its old place in the queue back.
+func waiterFilter(ref leaseRef) bson.D {
+	q := strconv.FormatInt(int64(ref.token), 10)
+	return bson.D{{Key: "_id", Value: ref.key}, {Key: path(fW, holdKey(ref.owner, ref.hold)), Value: bson.D{
+		{Key: "$gte", Value: q + ":"}, {Key: "$lt", Value: q + ";"}}}} // ';' follows ':'
 }
 
 // extension is the update that extends ref.
@@ -430,8 +454,8 @@ func (s *mongoStore) reap(ctx context.Context, key string, at stamp, stale []sta
 		var unset bson.D
 		shared := 0
 		for _, e := range stale {
-			if e.stored != "" { // a registration, as read
-				filter = append(filter, bson.E{Key: path(fW, e.key), Value: e.stored})
+			if e.stored != "" { // a registration: its value as read, whatever it is
+				filter = append(filter, bson.E{Key: path(fW, e.key), Value: storedValue(e.stored)})
 			} else {
 				filter = append(filter, bson.E{Key: path(sub(e.role), e.key, eEpoch), Value: e.epoch})
 			}
@@ -490,7 +514,11 @@ func (s *mongoStore) handoff(ctx context.Context, ref leaseRef, next attempt) (r
 func (s *mongoStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error) {
 	models := make([]mongo.WriteModel, len(refs))
 	for i, ref := range refs {
-		models[i] = mongo.NewUpdateOneModel().SetFilter(held(ref)).SetUpdate(s.extension(ref))
+		filter := held(ref)
+		if ref.role == roleWaiter {
+			filter = waiterFilter(ref)
+		}
+		models[i] = mongo.NewUpdateOneModel().SetFilter(filter).SetUpdate(s.extension(ref))
 	}
 	matched, err := s.bulkWrite(ctx, models)
 	if err != nil {
