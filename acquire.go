@@ -630,7 +630,7 @@ func (c *Client) enqueue(ctx context.Context, cl claim, a attempt, q *queueing) 
 	case errors.Is(err, errHeld):
 		return read, nil // outrun every time: wait unregistered, and try again after the poll
 	case err != nil:
-		ref := leaseRef{key: a.key, owner: a.owner, hold: a.hold, ttl: a.ttl, role: roleWaiter}
+		ref := leaseRef{key: a.key, owner: a.owner, hold: a.hold, ttl: a.ttl, token: Token(a.queue + 1), role: roleWaiter}
 		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
 		return record{}, err
 	}

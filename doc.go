@@ -486,10 +486,11 @@ package dlock
 //     waiters that the waiter has seen registered before it. (A wait
 //     whose registration was cleared registers again under the same hk,
 //     with a greater queue number, and sees anew who is ahead of it. An
-//     extension of a registration matches its own queue number, w.<hk>
-//     beginning "q:", so a late extension of the cleared one cannot put
-//     its old number back and stand it ahead of waiters that registered
-//     in between.) That list is
+//     extension or a removal of a registration matches its own queue
+//     number, w.<hk> beginning "q:", so a late extension of the cleared
+//     one cannot put its old number back and stand it ahead of waiters
+//     that registered in between, nor a late removal remove the new
+//     one.) That list is
 //     complete from its registration's reply on: queue numbers come from
 //     a compare-and-set on wq, so every waiter with a smaller number was
 //     in the document when it registered, and every later registration

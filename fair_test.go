@@ -480,8 +480,10 @@ func TestMalformedRegistrationOnServer(t *testing.T) {
 // meanwhile. An extension of the first registration that arrives after
 // that must not match the second and put its old queue number back, or
 // the wait would stand ahead of waiters that registered before it (and
-// they, once they read that, behind it: both gates open, or both shut).
-// On both stores.
+// they, once they read that, behind it: both gates open, or both shut);
+// nor may a late removal remove it. And a batch of extensions reports
+// which of them matched: one that did not must not make the others look
+// lost. On both stores.
 func TestLateExtensionAfterReregistration(t *testing.T) {
 	const ttl = 10 * time.Second
 	for name, st := range map[string]func() store{
@@ -490,8 +492,9 @@ func TestLateExtensionAfterReregistration(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			s, ctx, key := st(), context.Background(), "k"
-			_, err := s.acquire(ctx, attempt{key: key, owner: "holder", hold: 1, ttl: ttl}, stamp{})
+			h, err := s.acquire(ctx, attempt{key: key, owner: "holder", hold: 1, ttl: ttl}, stamp{})
 			require.NoError(t, err)
+			holding := leaseRef{key: key, owner: "holder", hold: 1, ttl: ttl, token: h.Token, role: roleExclusive}
 			register := func(owner string, hold, queue int64) entry {
 				t.Helper()
 				r, err := s.register(ctx, attempt{key: key, owner: owner, hold: hold, ttl: ttl, queue: queue})
@@ -509,13 +512,20 @@ func TestLateExtensionAfterReregistration(t *testing.T) {
 			require.EqualValues(t, 2, register("b", 1, 1).Q)
 			require.EqualValues(t, 3, register("w", 7, 2).Q, "registered again, same hold key, behind b")
 
+			// The late extension in one batch with a hold that is live: the
+			// batch reports which of them matched.
 			late := leaseRef{key: key, owner: "w", hold: 7, ttl: ttl, token: Token(first.Q), role: roleWaiter}
-			oks, err := s.extend(ctx, []leaseRef{late})
+			oks, err := s.extend(ctx, []leaseRef{holding, late})
 			require.NoError(t, err)
-			assert.False(t, oks[0], "the late extension of the first registration matched the second")
+			assert.Equal(t, []bool{true, false}, oks, "the live hold extended; the late extension of the first registration not matched")
 			r, err = s.read(ctx, key)
 			require.NoError(t, err)
 			assert.EqualValues(t, 3, r.Waiters[hk].Q, "the queue number after the late extension")
+			assert.Equal(t, "holder", r.Owner)
+			assert.ErrorIs(t, s.release(ctx, late), errNotOwner, "a late removal of the first registration")
+			r, err = s.read(ctx, key)
+			require.NoError(t, err)
+			require.Contains(t, r.Waiters, hk, "the second registration, after a late removal of the first")
 
 			now := late
 			now.token = 3

@@ -104,7 +104,7 @@ func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) 
 	case errors.Is(err, errNotOwner):
 		return false, nil
 	case err != nil:
-		ref := leaseRef{key: a.key, owner: a.owner, hold: a.hold, ttl: a.ttl, role: roleWaiter}
+		ref := leaseRef{key: a.key, owner: a.owner, hold: a.hold, ttl: a.ttl, token: Token(a.queue + 1), role: roleWaiter}
 		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
 		return true, err
 	}

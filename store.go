@@ -60,7 +60,16 @@ func (r record) holds(ref leaseRef) bool {
 		return r.Owner == ref.owner && r.Token == ref.token
 	}
 	e, ok := r.entries(ref.role)[holdKey(ref.owner, ref.hold)]
-	return ok && (ref.role == roleWaiter || e.Token == ref.token)
+	if ref.role == roleWaiter {
+		// A registration's token is its queue number. A wait whose
+		// registration was cleared (by a waiter behind it, while its
+		// Client could not extend it) registers again under the same hold
+		// key, with a greater number: a late write for the first one, an
+		// extension or a removal, must not touch the second (an extension
+		// would put the old number, and the old place, back).
+		return ok && Token(e.Q) == ref.token
+	}
+	return ok && e.Token == ref.token
 }
 
 // queueOpen reports whether the registered waiters let attempt a take the

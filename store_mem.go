@@ -302,11 +302,7 @@ func (s *memStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error) 
 	defer s.mu.Unlock()
 	ok := make([]bool, len(refs))
 	for i, ref := range refs {
-		r, held := s.holds(ref)
-		if held && ref.role == roleWaiter && Token(r.Waiters[holdKey(ref.owner, ref.hold)].Q) != ref.token {
-			held = false // registered again since, under the same hold key (mongoStore's waiterFilter)
-		}
-		if held {
+		if r, held := s.holds(ref); held {
 			if ref.role != roleExclusive {
 				hk := holdKey(ref.owner, ref.hold)
 				e := r.entries(ref.role)[hk]

@@ -96,8 +96,8 @@ func (d lockDoc) record() record {
 // with them stored so than as sub-documents of six fields (2.0 to 2.5 ms
 // against 2.4 to 3.1), and a hand-over is two such writes. An extension
 // replaces the string with one of a new epoch, and only while it still
-// has the registration's queue number (waiterFilter); a reap matches the
-// value it read, so it clears nothing extended since.
+// has the registration's queue number (held, record.holds); a reap
+// matches the value it read, so it clears nothing extended since.
 func waiterValue(q int64, ttl time.Duration, epoch int64) string {
 	return strconv.FormatInt(q, 10) + ":" + strconv.FormatInt(ttlMillis(ttl), 10) + ":" + strconv.FormatInt(epoch, 10)
 }
@@ -252,27 +252,19 @@ var (
 )
 
 // held matches the record while ref holds it (or, for a writer's
-// registration, while it is registered).
+// registration, while it is registered: see record.holds).
 func held(ref leaseRef) bson.D {
 	switch ref.role {
 	case roleShared:
 		return bson.D{{Key: "_id", Value: ref.key}, {Key: path(fH, holdKey(ref.owner, ref.hold), eToken), Value: int64(ref.token)}}
 	case roleWaiter:
-		return bson.D{{Key: "_id", Value: ref.key}, {Key: path(fW, holdKey(ref.owner, ref.hold)), Value: bson.D{{Key: "$exists", Value: true}}}}
+		// Its string begins with its queue number, its token. A regular
+		// expression, not a range of strings: a collection's default
+		// collation may order ':' and ';' otherwise.
+		q := strconv.FormatInt(int64(ref.token), 10)
+		return bson.D{{Key: "_id", Value: ref.key}, {Key: path(fW, holdKey(ref.owner, ref.hold)), Value: bson.D{{Key: "$regex", Value: "^" + q + ":"}}}}
 	}
 	return bson.D{{Key: "_id", Value: ref.key}, {Key: fOwner, Value: ref.owner}, {Key: fToken, Value: int64(ref.token)}}
-}
-
-// waiterFilter matches registration ref while it has ref's queue number
-// (a registration's token): its string begins "q:". A registration that
-// was cleared and made again under the same hold key (a wait whose
-// registration a waiter behind it cleared registers again, with the same
-// hold id) has a greater number, so a late extension of the first one
-// does not match it, and cannot put its old place in the queue back.
-func waiterFilter(ref leaseRef) bson.D {
-	q := strconv.FormatInt(int64(ref.token), 10)
-	return bson.D{{Key: "_id", Value: ref.key}, {Key: path(fW, holdKey(ref.owner, ref.hold)), Value: bson.D{
-		{Key: "$gte", Value: q + ":"}, {Key: "$lt", Value: q + ";"}}}} // ';' follows ':'
 }
 
 // extension is the update that extends ref.
@@ -514,11 +506,7 @@ func (s *mongoStore) handoff(ctx context.Context, ref leaseRef, next attempt) (r
 func (s *mongoStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error) {
 	models := make([]mongo.WriteModel, len(refs))
 	for i, ref := range refs {
-		filter := held(ref)
-		if ref.role == roleWaiter {
-			filter = waiterFilter(ref)
-		}
-		models[i] = mongo.NewUpdateOneModel().SetFilter(filter).SetUpdate(s.extension(ref))
+		models[i] = mongo.NewUpdateOneModel().SetFilter(held(ref)).SetUpdate(s.extension(ref))
 	}
 	matched, err := s.bulkWrite(ctx, models)
 	if err != nil {
@@ -542,15 +530,15 @@ func (s *mongoStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error
 		return nil, fmt.Errorf("dlock: extend %d leases: %w", len(refs), err)
 	}
 	var docs []struct {
-		ID      string `bson:"_id"`
-		lockDoc `bson:",inline"`
+		ID  string  `bson:"_id"`
+		Doc lockDoc `bson:",inline"` // named: the driver skips an embedded unexported type
 	}
 	if err := cur.All(ctx, &docs); err != nil {
 		return nil, fmt.Errorf("dlock: extend %d leases: %w", len(refs), err)
 	}
 	now := make(map[string]record, len(docs))
 	for _, d := range docs {
-		now[d.ID] = d.record()
+		now[d.ID] = d.Doc.record()
 	}
 	for i, ref := range refs {
 		ok[i] = now[ref.key].holds(ref)
