@@ -130,20 +130,20 @@ func (tp *turnPlan) miss(sent, now time.Time) {
 // wait in a row that failed, but never later than a retry interval before
 // this wait took the key.
 //
-// With one waiter ahead (two Clients taking turns) a success moves the
-// aim earlier by a sixteenth of a retry interval, or half the way down to
-// the own hold plus a retry interval if that is more: so about one first
+// With one waiter ahead (two Clients taking turns) a success moves the aim
+// earlier by a sixteenth of a retry interval, or half the way down to the
+// own hold plus a retry interval if that is more: so about one first
 // attempt in nine is early (the steps are 1/16 and 1/2 of an interval),
 // not one in three, and the aim is pulled no lower than a retry after the
 // own hold, not to it. The waiter's turn is the other Client's hold plus
 // the time it took that Client to come, so an aim at the own hold alone
 // was early whenever the other came late: measured on the test server, 2
-// Clients holding 300 ms, 3.00 to 3.16 commands an acquisition in six
-// runs (0.59 to 0.84 failed attempts, the start's polls included),
-// against 2.84 to 3.10 (0.38 to 0.71) this way, interleaved. A late aim costs at most about a retry interval,
-// a sixteenth of the turn, and with one waiter ahead it holds up no one
-// else. With more ahead, a late aim holds up every waiter behind, so the
-// larger step and the pull to the hold stay.
+// Clients holding 300 ms, 3.00 to 3.16 commands an acquisition in six runs
+// (0.59 to 0.84 failed attempts, the start's polls included), against 2.84
+// to 3.10 (0.38 to 0.71) this way, interleaved. A late aim costs at most
+// about a retry interval, a sixteenth of the turn, and with one waiter
+// ahead it holds up no one else. With more ahead, a late aim holds up
+// every waiter behind, so the larger step and the pull to the hold stay.
 //
 // The pull towards busy is what keeps a queue of waiters from settling
 // in a slow rhythm: a waiter can take the key no sooner than the one
