@@ -489,12 +489,14 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 				c.leave(l.key)
 				return nil
 			}
+			cl.pace.freeing(c.clock.Now(), l.count)
 			done, err := c.requeue(ctx, l, cl)
 			if done {
 				c.leave(l.key)
 				return err
 			}
 		}
+		cl.pace.freeing(c.clock.Now(), l.count)
 	}
 	err = c.store.release(ctx, l.ref())
 	if errors.Is(err, errNotOwner) {

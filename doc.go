@@ -191,7 +191,10 @@
 // within the minimum backoff ([WithBackoff]) after the Unlock before it
 // returned. (The write takes the queue number after the counter the
 // Mutex last saw plus 64, so it applies unless more than 64 waiters
-// registered since; else the Unlock releases as usual.) The Client keeps
+// registered since, or one registered from the same view, which took the
+// number after that guess; then it tries once more, 65 higher, and if
+// that fails too the Unlock releases as usual. A registration guesses
+// the same way, and after two failed guesses reads the counter.) The Client keeps
 // that registration for its next Lock of the key, which adopts it and
 // waits in its place; if no Lock comes within the minimum backoff, the
 // Client removes it (in the background; Close removes it too). So a
@@ -253,11 +256,11 @@
 // holding 20 ms: README). With one waiter ahead (two Clients taking
 // turns), where a late aim holds up no one else, a success moves the aim
 // earlier by a smaller step, and pulls it no lower than a retry interval
-// after the own holds: about one first attempt in nine is early, not a
-// third, each a command saved (measured with 2 Clients holding 300 ms,
-// counting every failed attempt, the polls of the first waits, which no
-// plan schedules, included: 0.38 to 0.71 an acquisition, against 0.59 to
-// 0.84). A Mutex's first
+// after the own holds; an early first attempt moves it later by a whole
+// step, up to when the wait took the key (with more ahead, to no later
+// than the early attempt, for a late aim would hold up those behind). So
+// about one first attempt in nine is early, not a third, each a command
+// saved. A Mutex's first
 // requeued wait is not planned when more than one waiter is ahead: the
 // Clients ahead may still be on their first Locks, whose holds are not
 // kept, so an aim at its own kept holds would come late, and a late aim
@@ -267,7 +270,16 @@
 // Other waiters poll: the head with acquire attempts, about four times
 // per estimated hand-over period (estimated from how fast the key's token
 // counter moves, and at least a quarter of the minimum backoff apart, so
-// the head may poll faster than [WithBackoff]'s minimum); the others by
+// the head may poll faster than [WithBackoff]'s minimum), unless it saw
+// the hold it waits for begin: a reply showed the token counter one more
+// than the reply before it (or than the Mutex's Unlock left it). That
+// hold began between the two commands; the head sends its first attempt
+// a hold's length after their midpoint (the hand-over period, or the
+// Mutex's own last hold plus two round trips if less), sleeping at most
+// the maximum backoff at a time (an attempt those sleeps bring forward
+// does not count against the plan), then retries as a requeued wait
+// does. (A plan from a wider window, or over two holds or a spare token,
+// is not made.) The others by
 // reading the document, so that they learn when they reach the head: a
 // waiter with two or more ahead reads again when about one should be left
 // (but at most the maximum backoff later: an early estimate can be far

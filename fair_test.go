@@ -235,6 +235,59 @@ func TestRegisterOutrun(t *testing.T) {
 	})
 }
 
+// TestRegisterGuessesAgain: two Locks whose Mutexes last saw the same
+// queue counter guess the same number; the second to register, outrun by
+// the first, guesses again queueSlack+1 higher, without reading the
+// counter first (see queueSlack), and gets the number after the first's.
+func TestRegisterGuessesAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		h, _ := memClient(t, st)
+		a, _ := memClient(t, st)
+		b, hb := memClient(t, st)
+		mh := h.NewMutex("k")
+		require.NoError(t, mh.Lock(context.Background()))
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		aErr, bErr := make(chan error, 1), make(chan error, 1)
+		go func() { aErr <- a.NewMutex("k").Lock(ctx) }()
+		synctest.Wait() // a registered: its guess, the counter it never saw (0) plus queueSlack
+		go func() { bErr <- b.NewMutex("k").Lock(ctx) }()
+		synctest.Wait() // b registered, or waits for its poll unregistered
+		assert.Equal(t, []string{a.owner, b.owner}, waiters(st, "k"))
+		assert.Equal(t, 2, hb.count("register"), "b's registrations: the first guess, outrun, and the second")
+		assert.Zero(t, hb.count("read"), "b read the counter")
+		cancel()
+		require.ErrorIs(t, <-aErr, context.Canceled)
+		require.ErrorIs(t, <-bErr, context.Canceled)
+		require.NoError(t, mh.Unlock(context.Background()))
+	})
+}
+
+// TestRequeueGuessesAgain: an Unlock whose requeue finds that a waiter
+// registered since its Lock saw the queue counter, from the same view
+// (the same guess plus one), requeues on a second guess queueSlack+1
+// higher, rather than releasing the key and leaving its next Lock to
+// register with a write of its own.
+func TestRequeueGuessesAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		sc := requeueScene(t, st)
+		ctx := context.Background()
+		in := attempt{key: "k", owner: "intruder", hold: 1, ttl: time.Minute, queue: holder(st, "k").Queue + queueSlack}
+		_, err := st.register(ctx, in)
+		require.NoError(t, err)
+		requeues, releases := sc.ha.count("requeue"), sc.ha.count("release")
+		time.Sleep(time.Second) // a hold too long to keep (keep.go)
+		require.NoError(t, sc.ma.Unlock(ctx))
+		assert.Equal(t, requeues+2, sc.ha.count("requeue"), "the requeue, outrun, and its second guess")
+		assert.Equal(t, releases, sc.ha.count("release"), "a released the key instead")
+		assert.Equal(t, []string{sc.b.owner, "intruder", sc.a.owner}, waiters(st, "k"))
+		require.NoError(t, <-sc.bErr)
+		require.NoError(t, sc.mb.Unlock(ctx))
+	})
+}
+
 // TestQueuePollsWithinMaxBackoff: a waiter behind others, on the ordinary
 // schedule, sleeps until about one waiter is left ahead of it, as
 // estimated from how often the key changes hands, but never longer than

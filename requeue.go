@@ -72,7 +72,26 @@ func (p *pacing) unlocking(now time.Time, cfg *config) bool {
 	if !p.held.IsZero() {
 		p.hold = now.Sub(p.held)
 	}
+	p.freed = sighting{} // until freeing: the Unlock may keep the hold
 	return p.soon && !p.last.at.IsZero() && now.Sub(p.last.at) < cfg.ttl
+}
+
+// freeing notes that an Unlock of the primitive sends, at now, the write
+// that frees the key, whose token counter its hold left at t (planHead).
+func (p *pacing) freeing(now time.Time, t Token) {
+	p.mu.Lock()
+	p.freed = sighting{now, t}
+	p.mu.Unlock()
+}
+
+// takeFreed returns what freeing last noted, and forgets it: the zero
+// sighting if the last Unlock kept its hold, or if a Lock took it already.
+func (p *pacing) takeFreed() sighting {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f := p.freed
+	p.freed = sighting{}
+	return f
 }
 
 // unlockedAt notes that an Unlock of the primitive returned at now. The
@@ -99,6 +118,11 @@ func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) 
 	a.owner, a.hold, a.queue = c.owner, c.holds.Add(1), cl.pace.queueGuess()
 	sent := c.clock.Now()
 	r, err := c.store.requeue(ctx, l.ref(), a)
+	if errors.Is(err, errNotOwner) { // perhaps a stale counter: once, guess again (see queueSlack)
+		a.queue += queueSlack + 1
+		sent = c.clock.Now()
+		r, err = c.store.requeue(ctx, l.ref(), a)
+	}
 	at := c.clock.Now()
 	switch {
 	case errors.Is(err, errNotOwner):

@@ -37,6 +37,13 @@ import "time"
 // key may be free and owed to it (TestTurnPlanRunsOut). (It slept half a
 // hand-over period first; measured, that left the key free for it while 8
 // Clients waited, in the first rounds of the benchmark.)
+//
+// A wait that was not requeued plans too, once it is at the head and has
+// seen the hold it waits for begin (planHead): a Client's first Locks
+// under contention, before its Unlocks requeue. Measured on the test
+// server, 2 Clients holding 300 ms, the head polled four times a
+// hand-over period through the other's hold there: three to five failed
+// attempts a wait, in the first rounds of each run (README, session 19).
 
 // turnRetries is how many attempts a scheduled wait makes before it falls
 // back to the ordinary schedule.
@@ -52,6 +59,7 @@ type turnPlan struct {
 	retry  time.Duration // between attempts after the first
 	failed int           // attempts that found the key not yet its turn
 	learn  bool          // no plan: the wait only measures the turn, for the next (see planTurn)
+	head   bool          // a plan of planHead's: no sleep before next is longer than the maximum backoff
 }
 
 // planTurn returns the schedule of a wait that joined the queue at
@@ -115,6 +123,9 @@ func turnRetry(u time.Duration, cfg *config) time.Duration {
 // must not fill a server that runs one command at a time with misses, or
 // the holder's own commands queue behind them and every turn is late.
 func (tp *turnPlan) miss(sent, now time.Time) {
+	if tp.head && sent.Before(tp.next) {
+		return // sent early, at the maximum backoff: the plan stands
+	}
 	tp.failed++
 	tp.next = now.Add(max(tp.retry, now.Sub(sent)))
 	if tp.failed >= turnRetries {
@@ -128,7 +139,8 @@ func (tp *turnPlan) miss(sent, now time.Time) {
 // this primitive's own hold time (busy) if that is more. One
 // that failed moves it later: by half a retry interval, doubled for each
 // wait in a row that failed, but never later than a retry interval before
-// this wait took the key.
+// this wait took the key (with one waiter ahead, than when it took it:
+// below).
 //
 // With one waiter ahead (two Clients taking turns) a success moves the aim
 // earlier by a sixteenth of a retry interval, or half the way down to the
@@ -144,6 +156,15 @@ func (tp *turnPlan) miss(sent, now time.Time) {
 // about a retry interval, a sixteenth of the turn, and with one waiter
 // ahead it holds up no one else. With more ahead, a late aim holds up
 // every waiter behind, so the larger step and the pull to the hold stay.
+// For the same reason, with one waiter ahead a failed first attempt moves
+// the aim a whole step later, up to when the wait took the key: capped a
+// retry interval before that, as with more ahead, the aim moved a
+// millisecond or two (the retry took the key about one retry interval
+// after the failed attempt), stayed at the edge, and the next first
+// attempt failed again: measured, 2 Clients holding 300 ms, 9 or 10
+// failed attempts in the 24 turns after the eighth (four traced runs);
+// with the whole step, 0 to 8, 2 to 4 in most (fifteen traced runs, with
+// session 19's other changes: README).
 //
 // The pull towards busy is what keeps a queue of waiters from settling
 // in a slow rhythm: a waiter can take the key no sooner than the one
@@ -189,8 +210,52 @@ func (p *pacing) tookTurn(tp turnPlan, now time.Time) {
 		}
 		p.late = 0
 	} else { // later, but not later than it took the key
-		u = max(u, min(u+step<<min(p.late, 8), (now.Sub(tp.joined)-tp.retry)/k))
+		ceil := (now.Sub(tp.joined) - tp.retry) / k // at the last attempt that failed, about
+		if tp.k == 1 {
+			ceil = now.Sub(tp.joined)
+		}
+		u = max(u, min(u+step<<min(p.late, 8), ceil))
 		p.late++
 	}
 	p.turn = max(u, time.Microsecond)
+}
+
+// A sighting is a key's token counter as a wait saw it, and when the
+// command that showed it was sent.
+type sighting struct {
+	sent  time.Time
+	token Token
+}
+
+// planHead returns the schedule of a wait at the head of the queue whose
+// command sent at now.sent showed the key held under token counter
+// now.token, when it had last seen the counter, in a reply to a command
+// sent at last.sent (or freed it, in the Unlock before), at last.token:
+// no plan (the zero turnPlan) unless the counter is one more, so that
+// the hold it waits for is the one hold that began between the two
+// sends. As far as the wait knows, it began at their midpoint, and is
+// due to end a hold's length after that, estimated as the key's hand-over
+// period (or this primitive's own hold plus two round trips, if less: the
+// period is timed from when this primitive first saw each token, so it
+// runs long by how late it looked). The wait sends its first attempt
+// then, rather than polling four times a period, and retries as a
+// requeued wait does; but it sleeps at most the maximum backoff at a
+// time, as the ordinary schedule does (an estimate can be far too long),
+// and an attempt sent early so does not count as a miss. The plan teaches
+// tookTurn nothing (k is 0).
+func (p *pacing) planHead(last, now sighting, cfg *config) turnPlan {
+	if last.sent.IsZero() || now.token != last.token+1 || now.sent.Before(last.sent) {
+		return turnPlan{}
+	}
+	hold := p.period(now.sent, cfg.ttl)
+	p.mu.Lock()
+	if p.hold > 0 && p.rtt > 0 {
+		hold = min(hold, p.hold+2*p.rtt)
+	}
+	p.mu.Unlock()
+	began := last.sent.Add(now.sent.Sub(last.sent) / 2)
+	if hold <= 0 || !began.Add(hold).After(now.sent) {
+		return turnPlan{}
+	}
+	return turnPlan{on: true, joined: began, next: began.Add(hold), retry: turnRetry(hold, cfg), head: true}
 }

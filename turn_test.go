@@ -195,6 +195,26 @@ func TestTookTurn(t *testing.T) {
 			assert.LessOrEqual(t, joined.Add(k*p.turn), took)
 		}
 	})
+	t.Run("one ahead, first attempt failed: a full step later, up to when it took the key", func(t *testing.T) {
+		// The retry took the key one retry interval after the failed
+		// attempt. With more ahead the aim stays a retry interval before
+		// that (at the failed attempt); with one ahead it moves the whole
+		// step, so that the next first attempt is not at the edge again.
+		p := pacing{turn: 300 * time.Millisecond, busy: 300 * time.Millisecond}
+		tp := p.planTurn(joined, 1, 300*time.Millisecond, &cfg)
+		require.True(t, tp.on)
+		tp.miss(tp.next, tp.next.Add(time.Millisecond))
+		took := tp.next.Add(time.Millisecond)
+		p.tookTurn(tp, took)
+		assert.Equal(t, 300*time.Millisecond+tp.retry/2, p.turn)
+		for range 20 { // failing again and again: later each time, but never past when it took the key
+			tp = p.planTurn(joined, 1, 300*time.Millisecond, &cfg)
+			tp.miss(tp.next, tp.next)
+			p.tookTurn(tp, took)
+			assert.LessOrEqual(t, joined.Add(p.turn), took)
+		}
+		assert.Equal(t, took.Sub(joined), p.turn, "the aim reaches when it took the key")
+	})
 	t.Run("the holds: the shortest lately, drifting up", func(t *testing.T) {
 		// One slow hold (the first, measured, can take twice the others)
 		// must not keep the aim late for rounds: the next shorter hold
@@ -205,6 +225,34 @@ func TestTookTurn(t *testing.T) {
 		assert.Equal(t, 20*time.Millisecond, p.busy)
 		p.planTurn(joined, k, 28*time.Millisecond, &cfg)
 		assert.Equal(t, 21*time.Millisecond, p.busy)
+	})
+	t.Run("a head's plan: an attempt the maximum backoff brought forward is no miss", func(t *testing.T) {
+		p := pacing{hold: 300 * time.Millisecond, rtt: time.Millisecond}
+		p.sawToken(1, joined)
+		p.sawToken(2, joined.Add(310*time.Millisecond)) // a period of 310 ms, longer than the own hold
+		last := sighting{joined.Add(310 * time.Millisecond), 2}
+		tp := p.planHead(last, sighting{last.sent.Add(2 * time.Millisecond), 3}, &cfg)
+		require.True(t, tp.on)
+		assert.Equal(t, last.sent.Add(time.Millisecond+302*time.Millisecond), tp.next, "the midpoint plus the own hold and two round trips")
+		next := tp.next
+		early := next.Add(-50 * time.Millisecond)
+		tp.miss(early, early.Add(time.Millisecond))
+		assert.Equal(t, next, tp.next)
+		assert.Zero(t, tp.failed)
+		tp.miss(next, next.Add(time.Millisecond))
+		assert.Equal(t, 1, tp.failed)
+		assert.Equal(t, next.Add(time.Millisecond+tp.retry), tp.next)
+	})
+	t.Run("a head's plan: only for the one hold that began since it last looked", func(t *testing.T) {
+		p := pacing{hold: 300 * time.Millisecond, rtt: time.Millisecond}
+		p.sawToken(1, joined)
+		p.sawToken(2, joined.Add(300*time.Millisecond))
+		last := sighting{joined.Add(300 * time.Millisecond), 2}
+		assert.False(t, p.planHead(sighting{}, sighting{last.sent, 3}, &cfg).on, "nothing seen before")
+		assert.False(t, p.planHead(last, sighting{last.sent.Add(time.Millisecond), 2}, &cfg).on, "the same counter")
+		assert.False(t, p.planHead(last, sighting{last.sent.Add(time.Millisecond), 4}, &cfg).on, "two holds, or a spare")
+		assert.False(t, p.planHead(last, sighting{last.sent.Add(time.Second), 3}, &cfg).on, "due already")
+		assert.False(t, (&pacing{}).planHead(last, sighting{last.sent.Add(time.Millisecond), 3}, &cfg).on, "no period known")
 	})
 	t.Run("retries end the plan", func(t *testing.T) {
 		p := pacing{turn: 10 * time.Millisecond}
@@ -284,4 +332,61 @@ func TestTurnPlanRunsOut(t *testing.T) {
 		}
 		t.Fatalf("no read during b's long turn: %v", ops)
 	})
+}
+
+// TestHeadPlan: a Lock at the head of the queue that saw the hold it waits
+// for begin (the key's token counter one more than it last saw, here when
+// its Mutex's Unlock freed the key) sends its first attempt about a hold
+// after that, not polling through the hold (turn.go, planHead). x holds
+// the key for a second; y waits for it, polling a millisecond or so apart
+// (WithBackoff), so it takes the key within a couple of milliseconds of
+// x's Unlock; x's next Lock, sent once y holds the key, registers and sees
+// y's hold in the reply. With the plan, x's Lock sends at most three
+// acquire attempts: the one before it registers, the first of the plan
+// (within a few milliseconds of the hold's end), and a retry. Without it
+// (flawNoTurnPlan), x polls through y's hold, on a backoff that starts
+// from the minimum: a dozen or more.
+func TestHeadPlan(t *testing.T) {
+	const hold = time.Second
+	for _, tc := range []struct {
+		name string
+		flaw []Option
+		plan bool
+	}{
+		{"plan", nil, true},
+		{"no plan", []Option{withFlaw(flawNoTurnPlan)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := newMemStore()
+				x, hx := memClient(t, slowStore{st, time.Millisecond}, append([]Option{WithBackoff(time.Millisecond, 2*hold)}, tc.flaw...)...)
+				y, _ := memClient(t, slowStore{st, time.Millisecond}, append([]Option{WithBackoff(time.Millisecond, time.Millisecond)}, tc.flaw...)...)
+				mx, my := x.NewMutex("k"), y.NewMutex("k")
+				ctx := context.Background()
+				require.NoError(t, mx.Lock(ctx))
+				yHeld, yDone := make(chan struct{}), make(chan struct{})
+				go func() {
+					defer close(yDone)
+					assert.NoError(t, my.Lock(ctx))
+					close(yHeld)
+					time.Sleep(hold)
+					assert.NoError(t, my.Unlock(ctx))
+				}()
+				time.Sleep(hold)
+				require.NoError(t, mx.Unlock(ctx))
+				<-yHeld
+				before := hx.count("acquire")
+				require.NoError(t, mx.Lock(ctx))
+				attempts := hx.count("acquire") - before
+				t.Logf("x's second Lock: %d acquire attempts", attempts)
+				if tc.plan {
+					assert.LessOrEqual(t, attempts, 3)
+				} else {
+					assert.Greater(t, attempts, 3, "the check has no teeth: polling sent as few attempts as the plan")
+				}
+				require.NoError(t, mx.Unlock(ctx))
+				<-yDone
+			})
+		})
+	}
 }
