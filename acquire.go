@@ -383,10 +383,12 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 	early := c.earlyFloor(ctx)
 	tracing := trace.SpanFromContext(ctx).IsRecording()
 	// sight notes r, the record a command sent at sent returned, and plans
-	// the wait of a head that saw the hold it waits for begin (planHead).
+	// the wait of a head that saw the hold it waits for begin (planHead),
+	// unless the wait was requeued: its turn plan, even once it ran out,
+	// is what teaches the next requeued wait (tookTurn).
 	sight := func(r record, sent time.Time) {
 		seen := sighting{sent, r.Token}
-		if !tp.on && q.registered() && q.head() && !r.free() && c.cfg.flaw != flawNoTurnPlan {
+		if tp == (turnPlan{}) && q.registered() && q.head() && !r.free() && c.cfg.flaw != flawNoTurnPlan {
 			tp = cl.pace.planHead(last, seen, cl.cfg)
 		}
 		last = seen
