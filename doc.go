@@ -270,16 +270,17 @@
 // Other waiters poll: the head with acquire attempts, about four times
 // per estimated hand-over period (estimated from how fast the key's token
 // counter moves, and at least a quarter of the minimum backoff apart, so
-// the head may poll faster than [WithBackoff]'s minimum), unless it saw
-// the hold it waits for begin: a reply showed the token counter one more
-// than the reply before it (or than the Mutex's Unlock left it). That
-// hold began between the two commands; the head sends its first attempt
-// a hold's length after their midpoint (the hand-over period, or the
-// Mutex's own last hold plus two round trips if less), sleeping at most
-// the maximum backoff at a time (an attempt those sleeps bring forward
-// does not count against the plan), then retries as a requeued wait
-// does. (A plan from a wider window, or over two holds or a spare token,
-// is not made.) The others by
+// the head may poll faster than [WithBackoff]'s minimum), unless it was
+// not requeued and saw the hold it waits for begin: a reply showed the
+// token counter one more than the reply before it (or than the Mutex's
+// Unlock left it). That hold began between the two commands; the head
+// sends its first attempt a hold's length after their midpoint (the
+// hand-over period, or the Mutex's own last hold plus two round trips if
+// less), sleeping at most the maximum backoff at a time (an attempt those
+// sleeps bring forward does not count against the plan), then retries as
+// a requeued wait does. (No plan is made when the counter moved by more
+// than one: two holds, or a spare token. A requeued wait whose plan ran
+// out polls, for its plan's outcome teaches the next.) The others by
 // reading the document, so that they learn when they reach the head: a
 // waiter with two or more ahead reads again when about one should be left
 // (but at most the maximum backoff later: an early estimate can be far
