@@ -385,10 +385,12 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 	// sight notes r, the record a command sent at sent returned, and plans
 	// the wait of a head that saw the hold it waits for begin (planHead),
 	// unless the wait was requeued: its turn plan, even once it ran out,
-	// is what teaches the next requeued wait (tookTurn).
+	// is what teaches the next requeued wait (tookTurn). Not an RWMutex's
+	// writer: a reader's hold moves the counter too, and the writer clears
+	// crashed readers by reading, which a plan would put off.
 	sight := func(r record, sent time.Time) {
 		seen := sighting{sent, r.Token}
-		if tp == (turnPlan{}) && q.registered() && q.head() && !r.free() && c.cfg.flaw != flawNoTurnPlan {
+		if tp == (turnPlan{}) && q.registered() && q.head() && !r.free() && a.kind != kindRW && c.cfg.flaw != flawNoTurnPlan {
 			tp = cl.pace.planHead(last, seen, cl.cfg)
 		}
 		last = seen
@@ -640,7 +642,8 @@ const registerRetries = 4
 
 // enqueue registers attempt a as a waiter for its key, with the next
 // queue number: a compare-and-set on the key's queue counter as cl's
-// primitive last saw it; when that was stale it reads the counter and
+// primitive last saw it; when that was stale it guesses once more,
+// queueSlack+1 higher (see queueSlack), and then reads the counter and
 // tries again, up to registerRetries times. It returns the record
 // written; unregistered, the record it read (the zero record when the
 // key has none). A registration whose outcome is unknown is removed in

@@ -273,14 +273,16 @@
 // the head may poll faster than [WithBackoff]'s minimum), unless it was
 // not requeued and saw the hold it waits for begin: a reply showed the
 // token counter one more than the reply before it (or than the Mutex's
-// Unlock left it). That hold began between the two commands; the head
-// sends its first attempt a hold's length after their midpoint (the
-// hand-over period, or the Mutex's own last hold plus two round trips if
-// less), sleeping at most the maximum backoff at a time (an attempt those
-// sleeps bring forward does not count against the plan), then retries as
-// a requeued wait does. (No plan is made when the counter moved by more
-// than one: two holds, or a spare token. A requeued wait whose plan ran
-// out polls, for its plan's outcome teaches the next.) The others by
+// Unlock left it), in replies to commands sent at most a quarter of a
+// hand-over period apart. That hold began between the two commands; the
+// head sends its first attempt a hand-over period after their midpoint,
+// sleeping at most the maximum backoff at a time (an attempt those sleeps
+// bring forward does not count against the plan), then retries as a
+// requeued wait does, but each retry twice as long after the one before.
+// (No plan is made when the counter moved by more than one: two holds, or
+// a spare token; nor for an RWMutex's writer, whose counter readers move
+// too. A requeued wait whose plan ran out polls, for its plan's outcome
+// teaches the next.) The others by
 // reading the document, so that they learn when they reach the head: a
 // waiter with two or more ahead reads again when about one should be left
 // (but at most the maximum backoff later: an early estimate can be far
@@ -314,8 +316,9 @@
 // (two while another Client's waiter is registered: the handoff is refused
 // and the key freed). A Lock that must wait for another Client registers
 // (one command; when its primitive's view of the queue counter is stale,
-// or another registration beat it to the counter, a read and a retry, up
-// to four times); then the head of the queue polls with acquire attempts,
+// or another registration beat it to the counter, a second guess, then a
+// read and a retry, up to four times); then the head of the queue polls
+// with acquire attempts,
 // so the poll that finds the key free takes it, and the waiters behind it
 // poll by reading the document. A Lock whose primitive waited less than a
 // TTL ago registers at once, without a first attempt. A Client that

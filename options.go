@@ -152,8 +152,8 @@ func WithMaxHold(d time.Duration) Option {
 // Lock queued in the key's document polls on a schedule derived from how
 // often the key changes hands instead, within these bounds, except the
 // head of the queue, which polls at most every min/4 (or, having seen the
-// hold it waits for begin, sends nothing until that hold is due to end,
-// sleeping at most max at a time), and a Lock that its
+// hold it waits for begin, sends an attempt only every max until that
+// hold is due to end), and a Lock that its
 // Mutex's Unlock queued, which sends nothing until its turn is due,
 // however long that is (see "Fairness" in the package documentation); min
 // is also the requeue window there. A Mutex whose last wait ended less

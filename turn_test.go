@@ -226,32 +226,36 @@ func TestTookTurn(t *testing.T) {
 		p.planTurn(joined, k, 28*time.Millisecond, &cfg)
 		assert.Equal(t, 21*time.Millisecond, p.busy)
 	})
-	t.Run("a head's plan: an attempt the maximum backoff brought forward is no miss", func(t *testing.T) {
-		p := pacing{hold: 300 * time.Millisecond, rtt: time.Millisecond}
+	t.Run("a head's plan: an attempt the maximum backoff brought forward is no miss; retries double", func(t *testing.T) {
+		var p pacing
 		p.sawToken(1, joined)
-		p.sawToken(2, joined.Add(310*time.Millisecond)) // a period of 310 ms, longer than the own hold
+		p.sawToken(2, joined.Add(310*time.Millisecond)) // a hand-over period of 310 ms
 		last := sighting{joined.Add(310 * time.Millisecond), 2}
 		tp := p.planHead(last, sighting{last.sent.Add(2 * time.Millisecond), 3}, &cfg)
 		require.True(t, tp.on)
-		assert.Equal(t, last.sent.Add(time.Millisecond+302*time.Millisecond), tp.next, "the midpoint plus the own hold and two round trips")
-		next := tp.next
+		assert.Equal(t, last.sent.Add(time.Millisecond+310*time.Millisecond), tp.next, "the midpoint plus a period")
+		next, retry := tp.next, tp.retry
 		early := next.Add(-50 * time.Millisecond)
 		tp.miss(early, early.Add(time.Millisecond))
 		assert.Equal(t, next, tp.next)
 		assert.Zero(t, tp.failed)
 		tp.miss(next, next.Add(time.Millisecond))
 		assert.Equal(t, 1, tp.failed)
-		assert.Equal(t, next.Add(time.Millisecond+tp.retry), tp.next)
+		assert.Equal(t, next.Add(time.Millisecond+retry), tp.next)
+		next = tp.next
+		tp.miss(next, next.Add(time.Millisecond))
+		assert.Equal(t, next.Add(time.Millisecond+2*retry), tp.next, "the second retry, twice as long after")
 	})
-	t.Run("a head's plan: only for the one hold that began since it last looked", func(t *testing.T) {
-		p := pacing{hold: 300 * time.Millisecond, rtt: time.Millisecond}
+	t.Run("a head's plan: only for the one hold that began since it last looked, seen closely", func(t *testing.T) {
+		var p pacing
 		p.sawToken(1, joined)
 		p.sawToken(2, joined.Add(300*time.Millisecond))
 		last := sighting{joined.Add(300 * time.Millisecond), 2}
+		assert.True(t, p.planHead(last, sighting{last.sent.Add(75 * time.Millisecond), 3}, &cfg).on, "a quarter of a period apart")
+		assert.False(t, p.planHead(last, sighting{last.sent.Add(76 * time.Millisecond), 3}, &cfg).on, "more than a quarter of a period apart")
 		assert.False(t, p.planHead(sighting{}, sighting{last.sent, 3}, &cfg).on, "nothing seen before")
 		assert.False(t, p.planHead(last, sighting{last.sent.Add(time.Millisecond), 2}, &cfg).on, "the same counter")
 		assert.False(t, p.planHead(last, sighting{last.sent.Add(time.Millisecond), 4}, &cfg).on, "two holds, or a spare")
-		assert.False(t, p.planHead(last, sighting{last.sent.Add(time.Second), 3}, &cfg).on, "due already")
 		assert.False(t, (&pacing{}).planHead(last, sighting{last.sent.Add(time.Millisecond), 3}, &cfg).on, "no period known")
 	})
 	t.Run("retries end the plan", func(t *testing.T) {
@@ -345,48 +349,89 @@ func TestTurnPlanRunsOut(t *testing.T) {
 // acquire attempts: the one before it registers, the first of the plan
 // (within a few milliseconds of the hold's end), and a retry. Without it
 // (flawNoTurnPlan), x polls through y's hold, on a backoff that starts
-// from the minimum: a dozen or more.
+// from the minimum: a dozen or more. With a maximum backoff of 100 ms, the
+// plan sleeps no longer than that at a time (WithBackoff): an attempt
+// about every 100 ms.
 func TestHeadPlan(t *testing.T) {
 	const hold = time.Second
 	for _, tc := range []struct {
-		name string
-		flaw []Option
-		plan bool
+		name    string
+		opts    []Option
+		most    int           // attempts, at most; 0: more than 3 (no plan)
+		longest time.Duration // between two of x's commands, at most
 	}{
-		{"plan", nil, true},
-		{"no plan", []Option{withFlaw(flawNoTurnPlan)}, false},
+		{"plan", []Option{WithBackoff(time.Millisecond, 2*hold)}, 3, 2 * hold},
+		{"no plan", []Option{WithBackoff(time.Millisecond, 2*hold), withFlaw(flawNoTurnPlan)}, 0, 2 * hold},
+		{"plan within the maximum backoff", []Option{WithBackoff(time.Millisecond, 100*time.Millisecond)}, 14, 150 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				st := newMemStore()
-				x, hx := memClient(t, slowStore{st, time.Millisecond}, append([]Option{WithBackoff(time.Millisecond, 2*hold)}, tc.flaw...)...)
-				y, _ := memClient(t, slowStore{st, time.Millisecond}, append([]Option{WithBackoff(time.Millisecond, time.Millisecond)}, tc.flaw...)...)
-				mx, my := x.NewMutex("k"), y.NewMutex("k")
-				ctx := context.Background()
-				require.NoError(t, mx.Lock(ctx))
-				yHeld, yDone := make(chan struct{}), make(chan struct{})
-				go func() {
-					defer close(yDone)
-					assert.NoError(t, my.Lock(ctx))
-					close(yHeld)
-					time.Sleep(hold)
-					assert.NoError(t, my.Unlock(ctx))
-				}()
-				time.Sleep(hold)
-				require.NoError(t, mx.Unlock(ctx))
-				<-yHeld
-				before := hx.count("acquire")
-				require.NoError(t, mx.Lock(ctx))
-				attempts := hx.count("acquire") - before
-				t.Logf("x's second Lock: %d acquire attempts", attempts)
-				if tc.plan {
-					assert.LessOrEqual(t, attempts, 3)
+				attempts, longest := headPlanRun(t, hold, tc.opts...)
+				t.Logf("x's second Lock: %d acquire attempts, at most %v apart", attempts, longest)
+				if tc.most > 0 {
+					assert.LessOrEqual(t, attempts, tc.most)
 				} else {
 					assert.Greater(t, attempts, 3, "the check has no teeth: polling sent as few attempts as the plan")
 				}
-				require.NoError(t, mx.Unlock(ctx))
-				<-yDone
+				assert.LessOrEqual(t, longest, tc.longest, "x slept past its maximum backoff")
 			})
 		})
 	}
+}
+
+// headPlanRun runs TestHeadPlan's scene, x built with xOpts, inside a
+// bubble, and returns the acquire attempts of x's second Lock and the
+// longest time between two of its commands.
+func headPlanRun(t *testing.T, hold time.Duration, xOpts ...Option) (int, time.Duration) {
+	st := newMemStore()
+	x, hx := memClient(t, slowStore{st, time.Millisecond}, xOpts...)
+	var (
+		mu      sync.Mutex
+		rec     bool          // guarded by mu: x's second Lock is under way
+		last    time.Time     // guarded by mu: x's last command in it
+		longest time.Duration // guarded by mu
+	)
+	note := func(_ context.Context, call func() error) error {
+		mu.Lock()
+		if rec {
+			if !last.IsZero() {
+				longest = max(longest, time.Since(last))
+			}
+			last = time.Now()
+		}
+		mu.Unlock()
+		return call()
+	}
+	for _, op := range []string{"acquire", "read", "register"} {
+		hx.on(op, note)
+	}
+	y, _ := memClient(t, slowStore{st, time.Millisecond}, WithBackoff(time.Millisecond, time.Millisecond))
+	mx, my := x.NewMutex("k"), y.NewMutex("k")
+	ctx := context.Background()
+	require.NoError(t, mx.Lock(ctx))
+	yHeld, yDone := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(yDone)
+		assert.NoError(t, my.Lock(ctx))
+		close(yHeld)
+		time.Sleep(hold)
+		assert.NoError(t, my.Unlock(ctx))
+	}()
+	time.Sleep(hold)
+	require.NoError(t, mx.Unlock(ctx))
+	<-yHeld
+	before := hx.count("acquire")
+	mu.Lock()
+	rec = true
+	mu.Unlock()
+	require.NoError(t, mx.Lock(ctx))
+	mu.Lock()
+	rec = false
+	mu.Unlock()
+	attempts := hx.count("acquire") - before
+	require.NoError(t, mx.Unlock(ctx))
+	<-yDone
+	mu.Lock()
+	defer mu.Unlock()
+	return attempts, longest
 }
