@@ -670,18 +670,32 @@ func (c *Client) enqueue(ctx context.Context, cl claim, a attempt, q *queueing) 
 	case errors.Is(err, errHeld):
 		return read, nil // outrun every time: wait unregistered, and try again after the poll
 	case err != nil:
-		ref := leaseRef{key: a.key, owner: a.owner, hold: a.hold, ttl: a.ttl, token: Token(a.queue + 1), role: roleWaiter}
-		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
+		c.dropRegistration(a)
 		return record{}, err
 	}
-	reg := c.newLease(nil, cl.cfg, a, Token(a.queue+1), roleWaiter, sent) // a registration's token is its queue number
-	reg.data = nil
+	reg := c.registration(cl.cfg, a, sent)
 	if !c.ext.add(reg) {
 		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, reg.ref()) })
 		return record{}, ErrClosed
 	}
 	q.reg, q.ahead = reg, nil
 	return r, nil
+}
+
+// registration returns the lease of the registration that attempt a,
+// sent at sent, made: its token is its queue number, the one after a's
+// guess (a.queue), and it carries no data.
+func (c *Client) registration(cfg *config, a attempt, sent time.Time) *Lease {
+	reg := c.newLease(nil, cfg, a, Token(a.queue+1), roleWaiter, sent)
+	reg.data = nil
+	return reg
+}
+
+// dropRegistration removes, in the background, the registration that
+// attempt a may have made: its reply did not come.
+func (c *Client) dropRegistration(a attempt) {
+	ref := leaseRef{key: a.key, owner: a.owner, hold: a.hold, ttl: a.ttl, token: Token(a.queue + 1), role: roleWaiter}
+	c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
 }
 
 // view brings an exclusive wait up to date with r, the record as just

@@ -128,13 +128,11 @@ func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) 
 	case errors.Is(err, errNotOwner):
 		return false, nil
 	case err != nil:
-		ref := leaseRef{key: a.key, owner: a.owner, hold: a.hold, ttl: a.ttl, token: Token(a.queue + 1), role: roleWaiter}
-		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
+		c.dropRegistration(a)
 		return true, err
 	}
 	cl.pace.sawQueue(r.Queue)
-	reg := c.newLease(nil, cl.cfg, a, Token(a.queue+1), roleWaiter, sent) // a registration's token is its queue number
-	reg.data = nil
+	reg := c.registration(cl.cfg, a, sent)
 	lo := &leftover{lease: reg, a: a, pace: cl.pace, r: r, at: at, busy: at.Sub(cl.pace.batchSince(l.acquired)), taken: make(chan struct{})}
 	if !c.ext.add(reg) || !c.leaveFor(cl, lo) {
 		// Close could not wait for this call, and runs no clean-up now:
