@@ -29,6 +29,11 @@ import (
 //
 // The environment variable DLOCK_FAIR_SCALE (a positive number, default 1)
 // multiplies every row's duration, not its hold: 0.1 makes a smoke run.
+// DLOCK_FAIR_TRACE=1 prints every store operation of the rows' Clients to
+// standard error as it returns: when it was sent and answered (ms since
+// the row's Clients were built), the Client, the operation, and the token
+// counter, holder, waiters and queue counter of the record it returned, or
+// its error (a trace slows each command by a write to standard error).
 //
 // Each row runs three times: variant=before, the Client built with
 // withFlaw(flawUnfair), dlock before fair queueing, where every poll races;
@@ -122,10 +127,11 @@ func runFairness(b *testing.B, r fairRow, variant string, opts ...Option) {
 	coll := newColl(b)
 	floor := floorRTT(b, coll)
 	var ops opCounts
-	opts = append(opts, withStoreWrapper(func(s store) store { return &countingStore{store: s, n: &ops} }))
+	tr := newFairTrace()
 	clients := make([]*Client, r.clients)
 	for i := range clients {
-		clients[i] = newClient(b, coll, opts...)
+		wrap := withStoreWrapper(func(s store) store { return &countingStore{store: s, n: &ops, client: i, trace: tr} })
+		clients[i] = newClient(b, coll, append(slices.Clip(opts), wrap)...)
 	}
 	var (
 		mu   sync.Mutex
@@ -206,6 +212,7 @@ func runFairness(b *testing.B, r fairRow, variant string, opts ...Option) {
 	b.Logf("| %s | %s | %.1f | %.0f %% | %d–%d | %.1f / %.1f / %.1f ms | %.2f |",
 		r.label(), variant, acqPerSec, samePct, lo, hi, p50, p99, longest, cmdsPerAcq)
 	b.Logf("per acquisition: %s; %s", strings.TrimSpace(ops.per(n)), afterFirstRound(acqs, r.clients, cmds))
+	b.Logf("commands by acquisition: %s", byAcquisition(acqs, cmds, 6))
 	bound := 2 * time.Duration(r.clients) * (r.hold + 2*floor)
 	asked := "" // issue 15 states the bound for 8 Clients holding 20 ms; the other rows show it for comparison
 	if r.clients != 8 || r.hold != 20*time.Millisecond {
@@ -251,6 +258,30 @@ func afterFirstRound(acqs []fairAcq, clients int, cmds int64) string {
 		}
 	}
 	return "no acquisition after every Client's first"
+}
+
+// byAcquisition says how many commands each of the first acquisitions of
+// acqs cost (the commands of every Client sent after the acquisition
+// before it returned, up to its own return), their sum, and the commands
+// an acquisition after them, to cmds, the row's end included: where the
+// start's cost lies, which a row of a few dozen acquisitions (2 Clients
+// holding 300 ms) weighs heavily.
+func byAcquisition(acqs []fairAcq, cmds int64, first int) string {
+	first = min(first, len(acqs))
+	var sb strings.Builder
+	prev := int64(0)
+	for j := range first {
+		if j > 0 {
+			sb.WriteString(" + ")
+		}
+		fmt.Fprintf(&sb, "%d", acqs[j].cmds-prev)
+		prev = acqs[j].cmds
+	}
+	fmt.Fprintf(&sb, " = %d for the first %d", prev, first)
+	if rest := len(acqs) - first; rest > 0 {
+		fmt.Fprintf(&sb, "; %.2f an acquisition after them (%d acquisitions)", float64(cmds-prev)/float64(rest), rest)
+	}
+	return sb.String()
 }
 
 // within says whether ms milliseconds is at most bound.
@@ -319,15 +350,51 @@ func (o *opCounts) per(acqs int) string {
 	return sb.String()
 }
 
-// A countingStore counts the operations of the store it wraps in n.
+// A countingStore counts the operations of the store it wraps in n, and
+// traces them when trace is not nil.
 type countingStore struct {
 	store
-	n *opCounts
+	n      *opCounts
+	client int        // the Client's index in its row
+	trace  *fairTrace // nil: no trace
+}
+
+// A fairTrace prints store operations to standard error: see
+// BenchmarkFairness (DLOCK_FAIR_TRACE).
+type fairTrace struct {
+	mu    sync.Mutex // serialises the lines
+	start time.Time
+}
+
+// newFairTrace returns a trace starting now if DLOCK_FAIR_TRACE is set,
+// else nil.
+func newFairTrace() *fairTrace {
+	if os.Getenv("DLOCK_FAIR_TRACE") == "" {
+		return nil
+	}
+	return &fairTrace{start: time.Now()}
+}
+
+// note traces an operation of the Client numbered client, sent at sent,
+// that returned r and err.
+func (t *fairTrace) note(client int, op string, sent time.Time, r record, err error) {
+	if t == nil {
+		return
+	}
+	answered := time.Now()
+	out := fmt.Sprintf("tok=%d owner=%.8s waiters=%d queue=%d", r.Token, r.Owner, len(r.Waiters), r.Queue)
+	if err != nil {
+		out = "error: " + err.Error()
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	fmt.Fprintf(os.Stderr, "trace %9.1f %9.1f c%d %-9s %s\n", fairMs(sent.Sub(t.start)), fairMs(answered.Sub(t.start)), client, op, out)
 }
 
 func (s *countingStore) acquire(ctx context.Context, a attempt, takeover stamp) (record, error) {
 	sent := time.Now()
 	r, err := s.store.acquire(ctx, a, takeover)
+	s.trace.note(s.client, "acquire", sent, r, err)
 	switch {
 	case err == nil:
 		s.n.took("acq-ok", time.Since(sent))
@@ -341,24 +408,32 @@ func (s *countingStore) acquire(ctx context.Context, a attempt, takeover stamp) 
 
 func (s *countingStore) register(ctx context.Context, a attempt) (record, error) {
 	s.n.add("register")
-	return s.store.register(ctx, a)
+	sent := time.Now()
+	r, err := s.store.register(ctx, a)
+	s.trace.note(s.client, "register", sent, r, err)
+	return r, err
 }
 
 func (s *countingStore) read(ctx context.Context, key string) (record, error) {
 	sent := time.Now()
-	defer func() { s.n.took("read", time.Since(sent)) }()
-	return s.store.read(ctx, key)
+	r, err := s.store.read(ctx, key)
+	s.n.took("read", time.Since(sent))
+	s.trace.note(s.client, "read", sent, r, err)
+	return r, err
 }
 
 func (s *countingStore) release(ctx context.Context, ref leaseRef) error {
 	sent := time.Now()
-	defer func() { s.n.took("release", time.Since(sent)) }()
-	return s.store.release(ctx, ref)
+	err := s.store.release(ctx, ref)
+	s.n.took("release", time.Since(sent))
+	s.trace.note(s.client, "release", sent, record{}, err)
+	return err
 }
 
 func (s *countingStore) requeue(ctx context.Context, ref leaseRef, next attempt) (record, error) {
 	sent := time.Now()
 	r, err := s.store.requeue(ctx, ref, next)
+	s.trace.note(s.client, "requeue", sent, r, err)
 	if err != nil {
 		s.n.took("requeue-failed", time.Since(sent))
 	} else {
@@ -369,18 +444,26 @@ func (s *countingStore) requeue(ctx context.Context, ref leaseRef, next attempt)
 
 func (s *countingStore) handoff(ctx context.Context, ref leaseRef, next attempt) (record, error) {
 	sent := time.Now()
-	defer func() { s.n.took("handoff", time.Since(sent)) }()
-	return s.store.handoff(ctx, ref, next)
+	r, err := s.store.handoff(ctx, ref, next)
+	s.n.took("handoff", time.Since(sent))
+	s.trace.note(s.client, "handoff", sent, r, err)
+	return r, err
 }
 
 func (s *countingStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error) {
 	s.n.add("extend")
-	return s.store.extend(ctx, refs)
+	sent := time.Now()
+	ok, err := s.store.extend(ctx, refs)
+	s.trace.note(s.client, "extend", sent, record{}, err)
+	return ok, err
 }
 
 func (s *countingStore) reap(ctx context.Context, key string, at stamp, stale []staleEntry) (bool, error) {
 	s.n.add("reap")
-	return s.store.reap(ctx, key, at, stale)
+	sent := time.Now()
+	ok, err := s.store.reap(ctx, key, at, stale)
+	s.trace.note(s.client, "reap", sent, record{}, err)
+	return ok, err
 }
 
 // fairPercentile returns the q-th percentile of sorted, by nearest rank as
