@@ -273,12 +273,21 @@
 // the head may poll faster than [WithBackoff]'s minimum), unless it was
 // not requeued and saw the hold it waits for begin: a reply showed the
 // token counter one more than the reply before it (or than the Mutex's
-// Unlock left it), in replies to commands sent at most a quarter of a
-// hand-over period apart. That hold began between the two commands; the
-// head sends its first attempt a hand-over period after their midpoint,
-// sleeping at most the maximum backoff at a time (an attempt those sleeps
-// bring forward does not count against the plan), then retries as a
-// requeued wait does, but each retry twice as long after the one before.
+// Unlock left it). That hold began between the two commands. When
+// nothing but its acquire wrote the record since the earlier reply, the
+// record's stamp (the server's clock at its last write), taken against
+// the stamp of the wait's own registration, says when on the Client's
+// clock: a time between two stamps of the server's clock, added to when
+// the Client made its write, so no two machines' clocks are compared (an
+// error costs commands, never safety). Otherwise the head plans only if
+// the two commands were sent at most a quarter of a hand-over period
+// apart, from their midpoint. It sends its first attempt a hand-over
+// period after the hold began (or a hold of its own Mutex, if that is
+// shorter but at least a third of the period: as Clients start, the
+// period counts the time the key sat free), sleeping at most the maximum
+// backoff at a time (an attempt those sleeps bring forward does not
+// count against the plan), then retries as a requeued wait does, but each
+// retry twice as long after the one before.
 // (No plan is made when the counter moved by more than one: two holds, or
 // a spare token; nor for an RWMutex's writer, whose counter readers move
 // too. A requeued wait whose plan ran out polls, for its plan's outcome
@@ -286,7 +295,10 @@
 // reading the document, so that they learn when they reach the head: a
 // waiter with two or more ahead reads again when about one should be left
 // (but at most the maximum backoff later: an early estimate can be far
-// too long), the one next after the head about twice a period. No waiter
+// too long), the one next after the head about twice a period, and
+// before the Client knows any period, no more often than twice a hold of
+// its own Mutex, once it has held the key (the stamp dates the hold it
+// then sees begun). No waiter
 // is woken by the server, so the key stays free until the next holder's
 // attempt comes: fairness costs throughput when holds are short and many
 // Clients wait.

@@ -76,11 +76,25 @@ func (p *pacing) unlocking(now time.Time, cfg *config) bool {
 	return p.soon && !p.last.at.IsZero() && now.Sub(p.last.at) < cfg.ttl
 }
 
+// ownHold is how long the primitive's holds last, as far as it knows,
+// measured as busy is, from the acquire's send to the release's reply: the
+// least of its requeued holds lately, or its last hold (from its Lock's
+// return to its Unlock) and the two writes' round trips, whichever is
+// longer; 0 if unknown.
+func (p *pacing) ownHold() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.hold == 0 {
+		return p.busy
+	}
+	return max(p.busy, p.hold+2*p.rtt)
+}
+
 // freeing notes that an Unlock of the primitive sends, at now, the write
 // that frees the key, whose token counter its hold left at t (planHead).
 func (p *pacing) freeing(now time.Time, t Token) {
 	p.mu.Lock()
-	p.freed = sighting{now, t}
+	p.freed = sighting{sent: now, token: t}
 	p.mu.Unlock()
 }
 

@@ -44,6 +44,10 @@ import "time"
 // server, 2 Clients holding 300 ms, the head polled four times a
 // hand-over period through the other's hold there: three to five failed
 // attempts a wait, in the first rounds of each run (README, session 19).
+// The record a read returns usually tells exactly when the hold began
+// (heldSince), so a wait behind another waiter that is owed the key need
+// not read often to see it begin: it reads about twice a hold of its own
+// Mutex, until it knows how fast the key changes hands (acquire.go).
 
 // turnRetries is how many attempts a scheduled wait makes before it falls
 // back to the ordinary schedule.
@@ -225,10 +229,69 @@ func (p *pacing) tookTurn(tp turnPlan, now time.Time) {
 }
 
 // A sighting is a key's token counter as a wait saw it, and when the
-// command that showed it was sent.
+// command that showed it was sent; with the record it was in, when there
+// was one (an Unlock's freeing write returns none).
 type sighting struct {
 	sent  time.Time
 	token Token
+	r     record // Rev 0: none
+}
+
+// An anchor is a moment that both the server's clock and this Client's
+// clock saw: a write of the wait's own (its registration, or the requeue
+// that made it), stamped by the server (record.At) and sent and answered
+// at local times around local.
+type anchor struct {
+	server, local time.Time
+}
+
+// heldSince returns when, on this Client's clock, the hold that now's
+// record shows began, if the record tells: when the hold's acquire was
+// the last write to it since last's (its stamp, record.At, is then the
+// acquire's), and a write of the wait's own (an) maps the server's clock
+// onto this Client's. The two clocks are not compared: the time between
+// the two stamps, on the server's clock, is added to when the anchor's
+// write was made, on this one. ok is false when the record does not tell:
+// no anchor, or other writes since (a revision more than the acquire's,
+// and the previous holder's release if last showed it held; a waiter that
+// registered, left or was extended, other than the acquirer's own
+// registration, which its acquire ends).
+func heldSince(last, now sighting, an anchor) (began time.Time, ok bool) {
+	lr, r := last.r, now.r
+	if an.server.IsZero() || lr.Rev == 0 || r.Rev == 0 || r.Owner == "" || now.token != last.token+1 || r.At.Before(an.server) {
+		return time.Time{}, false
+	}
+	writes := int64(1) // the acquire
+	if !lr.free() {
+		writes++ // and the release of the hold last saw
+	}
+	if r.Rev != lr.Rev+writes || r.Queue != lr.Queue {
+		return time.Time{}, false
+	}
+	acquirer := holdKey(r.Owner, r.Hold)
+	for hk, e := range lr.Waiters {
+		if e2, ok := r.Waiters[hk]; ok != (hk != acquirer) || ok && (e2.Stored != e.Stored || e2.Epoch != e.Epoch) {
+			return time.Time{}, false
+		}
+	}
+	if len(r.Waiters) > len(lr.Waiters) {
+		return time.Time{}, false
+	}
+	// The anchor's local time is its write's within half a round trip,
+	// and the server stamps to the millisecond: allow for that, and put
+	// the start within the two sends, where it must be.
+	const slack = 5 * time.Millisecond
+	began = an.local.Add(r.At.Sub(an.server))
+	if began.Before(last.sent.Add(-slack)) || began.After(now.sent.Add(slack)) {
+		return time.Time{}, false // the clocks do not agree (a step, another server): leave it
+	}
+	switch {
+	case began.Before(last.sent):
+		began = last.sent
+	case began.After(now.sent):
+		began = now.sent
+	}
+	return began, true
 }
 
 // planHead returns the schedule of a wait at the head of the queue whose
@@ -237,28 +300,44 @@ type sighting struct {
 // sent at last.sent (or freed it, in the Unlock before), at last.token:
 // no plan (the zero turnPlan) unless the counter is one more, so that
 // the hold it waits for is the one hold that began between the two
-// sends. As far as the wait knows, it began at their midpoint, and is
-// due to end a hold's length after that, estimated as the key's hand-over
-// period. The wait sends its first attempt then, rather than polling
-// four times a period, and retries as a requeued wait does, but each
-// retry twice as long after the last (the hold may be longer than those
-// before it: the estimate is an average over the key's holders); it
-// sleeps at most the maximum backoff at a time, as the ordinary schedule
-// does, and an attempt sent early so does not count as a miss. No plan
-// either when the two sends are more than a quarter of a period apart:
-// the midpoint could then be later than the hold's start by more than
-// the head's polls, four a period, would be (measured by a review, in a
-// simulation: a Lock that came 250 ms after its Unlock, with 300 ms holds,
-// left the key free 126 ms on average, against 39 polling). The plan
-// teaches tookTurn nothing (k is 0).
-func (p *pacing) planHead(last, now sighting, cfg *config) turnPlan {
+// sends. When the record tells when it began (heldSince, with an, a
+// write of the wait's own), the plan starts from then; otherwise from
+// the sends' midpoint, and only if they were at most a quarter of a
+// hand-over period apart: the midpoint could otherwise be later than the
+// hold's start by more than the head's polls, four a period, would be
+// (measured by a review, in a simulation: a Lock that came 250 ms after
+// its Unlock, with 300 ms holds, left the key free 126 ms on average,
+// against 39 polling). The hold is due to end a hand-over period after
+// it began, or a hold of the wait's own Mutex, if that is shorter but at
+// least a third of the period: as Clients start, the period counts the
+// time the key sat free while their first waits polled on the backoff
+// (450 to 770 ms measured, for 300 ms holds), and an aim that late
+// leaves the key free again and puts the next waits off (README, session
+// 20); far shorter own holds say little of the others'. The wait sends
+// its first attempt then, rather than polling four times a period, and
+// retries as a requeued wait does, but each retry twice as long after
+// the last (the hold may be longer than estimated); it sleeps at most
+// the maximum backoff at a time, as the ordinary schedule does, and an
+// attempt sent early so does not count as a miss. The plan teaches
+// tookTurn nothing (k is 0).
+func (p *pacing) planHead(last, now sighting, an anchor, cfg *config) turnPlan {
 	if last.sent.IsZero() || now.token != last.token+1 || now.sent.Before(last.sent) {
 		return turnPlan{}
 	}
-	hold := p.period(now.sent, cfg.ttl)
+	period := p.period(now.sent, cfg.ttl)
 	window := now.sent.Sub(last.sent)
-	began := last.sent.Add(window / 2)
-	if hold <= 0 || window > hold/4 || !began.Add(hold).After(now.sent) {
+	began, exact := heldSince(last, now, an)
+	if !exact {
+		began = last.sent.Add(window / 2)
+	}
+	if period <= 0 || !exact && window > period/4 {
+		return turnPlan{}
+	}
+	hold := period
+	if own := p.ownHold(); own >= period/3 {
+		hold = min(hold, own)
+	}
+	if !began.Add(hold).After(now.sent) {
 		return turnPlan{}
 	}
 	return turnPlan{on: true, joined: began, next: began.Add(hold), retry: turnRetry(hold, cfg), head: true}

@@ -230,8 +230,8 @@ func TestTookTurn(t *testing.T) {
 		var p pacing
 		p.sawToken(1, joined)
 		p.sawToken(2, joined.Add(310*time.Millisecond)) // a hand-over period of 310 ms
-		last := sighting{joined.Add(310 * time.Millisecond), 2}
-		tp := p.planHead(last, sighting{last.sent.Add(2 * time.Millisecond), 3}, &cfg)
+		last := sighting{sent: joined.Add(310 * time.Millisecond), token: 2}
+		tp := p.planHead(last, sighting{sent: last.sent.Add(2 * time.Millisecond), token: 3}, anchor{}, &cfg)
 		require.True(t, tp.on)
 		assert.Equal(t, last.sent.Add(time.Millisecond+310*time.Millisecond), tp.next, "the midpoint plus a period")
 		next, retry := tp.next, tp.retry
@@ -250,13 +250,13 @@ func TestTookTurn(t *testing.T) {
 		var p pacing
 		p.sawToken(1, joined)
 		p.sawToken(2, joined.Add(300*time.Millisecond))
-		last := sighting{joined.Add(300 * time.Millisecond), 2}
-		assert.True(t, p.planHead(last, sighting{last.sent.Add(75 * time.Millisecond), 3}, &cfg).on, "a quarter of a period apart")
-		assert.False(t, p.planHead(last, sighting{last.sent.Add(76 * time.Millisecond), 3}, &cfg).on, "more than a quarter of a period apart")
-		assert.False(t, p.planHead(sighting{}, sighting{last.sent, 3}, &cfg).on, "nothing seen before")
-		assert.False(t, p.planHead(last, sighting{last.sent.Add(time.Millisecond), 2}, &cfg).on, "the same counter")
-		assert.False(t, p.planHead(last, sighting{last.sent.Add(time.Millisecond), 4}, &cfg).on, "two holds, or a spare")
-		assert.False(t, (&pacing{}).planHead(last, sighting{last.sent.Add(time.Millisecond), 3}, &cfg).on, "no period known")
+		last := sighting{sent: joined.Add(300 * time.Millisecond), token: 2}
+		assert.True(t, p.planHead(last, sighting{sent: last.sent.Add(75 * time.Millisecond), token: 3}, anchor{}, &cfg).on, "a quarter of a period apart")
+		assert.False(t, p.planHead(last, sighting{sent: last.sent.Add(76 * time.Millisecond), token: 3}, anchor{}, &cfg).on, "more than a quarter of a period apart")
+		assert.False(t, p.planHead(sighting{}, sighting{sent: last.sent, token: 3}, anchor{}, &cfg).on, "nothing seen before")
+		assert.False(t, p.planHead(last, sighting{sent: last.sent.Add(time.Millisecond), token: 2}, anchor{}, &cfg).on, "the same counter")
+		assert.False(t, p.planHead(last, sighting{sent: last.sent.Add(time.Millisecond), token: 4}, anchor{}, &cfg).on, "two holds, or a spare")
+		assert.False(t, (&pacing{}).planHead(last, sighting{sent: last.sent.Add(time.Millisecond), token: 3}, anchor{}, &cfg).on, "no period known")
 	})
 	t.Run("retries end the plan", func(t *testing.T) {
 		p := pacing{turn: 10 * time.Millisecond}
