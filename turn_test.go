@@ -2,6 +2,7 @@ package dlock
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -258,6 +259,34 @@ func TestTookTurn(t *testing.T) {
 		assert.False(t, p.planHead(last, sighting{sent: last.sent.Add(time.Millisecond), token: 4}, anchor{}, &cfg).on, "two holds, or a spare")
 		assert.False(t, (&pacing{}).planHead(last, sighting{sent: last.sent.Add(time.Millisecond), token: 3}, anchor{}, &cfg).on, "no period known")
 	})
+	t.Run("a head's plan: dated by the record's stamp, however far apart the replies", func(t *testing.T) {
+		var p pacing
+		p.sawToken(1, joined)
+		p.sawToken(2, joined.Add(300*time.Millisecond))
+		at := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC) // the server's clock: another machine's
+		an := anchor{server: at, local: joined.Add(300 * time.Millisecond)}
+		last := sighting{sent: an.local.Add(-time.Millisecond), token: 2, r: record{Rev: 10, Token: 2, At: at}}
+		now := sighting{sent: last.sent.Add(200 * time.Millisecond), token: 3, r: record{Rev: 11, Token: 3, Owner: "y", At: at.Add(120 * time.Millisecond)}}
+		tp := p.planHead(last, now, an, &cfg)
+		require.True(t, tp.on, "two thirds of a period apart, but dated")
+		assert.Equal(t, an.local.Add(120*time.Millisecond), tp.joined, "the stamps' difference after the anchor")
+		assert.Equal(t, tp.joined.Add(300*time.Millisecond), tp.next)
+		assert.False(t, p.planHead(last, now, anchor{}, &cfg).on, "no anchor: the window rule")
+	})
+	t.Run("a head's plan: by its own hold when that is shorter, and at least a third of the period", func(t *testing.T) {
+		p := pacing{hold: 290 * time.Millisecond, rtt: 5 * time.Millisecond}
+		p.sawToken(1, joined)
+		p.sawToken(2, joined.Add(600*time.Millisecond)) // the start's idle time counted in
+		last := sighting{sent: joined.Add(600 * time.Millisecond), token: 2}
+		now := sighting{sent: last.sent.Add(2 * time.Millisecond), token: 3}
+		tp := p.planHead(last, now, anchor{}, &cfg)
+		require.True(t, tp.on)
+		assert.Equal(t, last.sent.Add(time.Millisecond+300*time.Millisecond), tp.next, "its hold, and the two writes' round trips")
+		p.hold = 180 * time.Millisecond // with the round trips, 190 ms: under a third of the period
+		assert.Equal(t, last.sent.Add(time.Millisecond+600*time.Millisecond), p.planHead(last, now, anchor{}, &cfg).next, "the period")
+		p.hold = 900 * time.Millisecond // longer than the period
+		assert.Equal(t, last.sent.Add(time.Millisecond+600*time.Millisecond), p.planHead(last, now, anchor{}, &cfg).next, "the period")
+	})
 	t.Run("retries end the plan", func(t *testing.T) {
 		p := pacing{turn: 10 * time.Millisecond}
 		tp := plan(&p)
@@ -266,6 +295,77 @@ func TestTookTurn(t *testing.T) {
 			tp.miss(tp.next, tp.next)
 		}
 		assert.False(t, tp.on)
+	})
+}
+
+// TestHeldSince: the record a read returns dates the hold it shows begun
+// when the hold's acquire was the only write since the reply before, by
+// the server's stamps, mapped to the Client's clock through a write of the
+// wait's own; any other write since, or stamps that disagree with the
+// sends, and it does not.
+func TestHeldSince(t *testing.T) {
+	local := time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC)
+	server := local.Add(-3 * time.Hour) // another machine's clock: only differences on it count
+	an := anchor{server: server, local: local}
+	hy, hx := holdKey("y", 7), holdKey("x", 9)
+	waiters := func(ws ...string) map[string]entry {
+		m := map[string]entry{}
+		for _, hk := range ws {
+			m[hk] = entry{Q: int64(len(hk)), Epoch: 1, Stored: "s" + hk}
+		}
+		return m
+	}
+	// x registered behind y, which is owed the free key; y then took it.
+	last := sighting{sent: local.Add(-time.Millisecond), token: 2, r: record{Rev: 10, Token: 2, Queue: 130, At: server, Waiters: waiters(hy, hx)}}
+	now := sighting{sent: local.Add(400 * time.Millisecond), token: 3, r: record{Rev: 11, Token: 3, Owner: "y", Hold: 7, Queue: 130, At: server.Add(150 * time.Millisecond), Waiters: waiters(hx)}}
+	began, ok := heldSince(last, now, an)
+	require.True(t, ok)
+	assert.Equal(t, local.Add(150*time.Millisecond), began)
+
+	for _, tc := range []struct {
+		name   string
+		change func(last, now *sighting, an *anchor)
+	}{
+		{"no anchor", func(_, _ *sighting, an *anchor) { *an = anchor{} }},
+		{"no record before (an Unlock's freeing write)", func(last, _ *sighting, _ *anchor) { last.r = record{} }},
+		{"the counter moved by two", func(_, now *sighting, _ *anchor) { now.token, now.r.Token = 4, 4 }},
+		{"not held", func(_, now *sighting, _ *anchor) { now.r.Owner = "" }},
+		{"an extension since", func(_, now *sighting, _ *anchor) { now.r.Rev++ }},
+		{"a registration since", func(_, now *sighting, _ *anchor) {
+			now.r.Queue = 195
+			now.r.Waiters = waiters(hx, holdKey("z", 1))
+		}},
+		{"a waiter's registration extended", func(_, now *sighting, _ *anchor) {
+			e := now.r.Waiters[hx]
+			e.Epoch, e.Stored = 2, "extended"
+			now.r.Waiters[hx] = e
+		}},
+		{"a waiter other than the acquirer gone", func(last, now *sighting, _ *anchor) {
+			last.r.Waiters = waiters(hy, hx, holdKey("z", 1))
+		}},
+		{"a stamp before the anchor's", func(_, now *sighting, _ *anchor) { now.r.At = server.Add(-time.Millisecond) }},
+		{"a stamp after the read was sent", func(_, now *sighting, _ *anchor) { now.r.At = server.Add(time.Second) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, n, a := last, now, an
+			l.r.Waiters, n.r.Waiters = maps.Clone(l.r.Waiters), maps.Clone(n.r.Waiters)
+			tc.change(&l, &n, &a)
+			_, ok := heldSince(l, n, a)
+			assert.False(t, ok)
+		})
+	}
+	t.Run("the hold before released it, then the acquire", func(t *testing.T) {
+		l, n := last, now
+		l.r.Owner, n.r.Rev = "z", 12
+		_, ok := heldSince(l, n, an)
+		assert.True(t, ok)
+	})
+	t.Run("within a round trip of the sends: put within them", func(t *testing.T) {
+		n := now
+		n.r.At = server.Add(403 * time.Millisecond)
+		began, ok := heldSince(last, n, an)
+		require.True(t, ok)
+		assert.Equal(t, now.sent, began)
 	})
 }
 
@@ -377,6 +477,52 @@ func TestHeadPlan(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestHeadPlanFromStamp: a Lock queued behind a waiter that is owed the
+// free key and slow to come reads no more often than every half hold of
+// its own Mutex, while it knows no hand-over period, and dates the hold
+// it then sees begun by the record's stamp (heldSince): it takes the key
+// within a few milliseconds of that hold's end, though its two replies
+// were further apart than a plan from their midpoint allows. x holds the
+// key 4 s; y, polling every 200 ms or so, registers behind it; x's Unlock
+// frees the key for y, and x's next Lock registers behind y. x's read
+// comes 2 s later (half its hold), and sees y's hold, begun up to 300 ms
+// after x's Unlock. Polling on the backoff from 1 ms instead, x would read
+// about eight times before it saw y's hold begin; without the stamp, its
+// replies 2 s apart (more than a quarter of the 6 s period x has seen)
+// give no plan, and x polls through y's hold.
+func TestHeadPlanFromStamp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const hold = 4 * time.Second
+		st := newMemStore()
+		x, hx := memClient(t, slowStore{st, time.Millisecond}, WithBackoff(time.Millisecond, 10*time.Second))
+		y, _ := memClient(t, slowStore{st, time.Millisecond}, WithBackoff(200*time.Millisecond, 200*time.Millisecond))
+		mx, my := x.NewMutex("k"), y.NewMutex("k")
+		ctx := context.Background()
+		require.NoError(t, mx.Lock(ctx))
+		var yUnlocked time.Time // written before yDone closes
+		yDone := make(chan struct{})
+		go func() {
+			defer close(yDone)
+			assert.NoError(t, my.Lock(ctx))
+			time.Sleep(hold)
+			yUnlocked = time.Now()
+			assert.NoError(t, my.Unlock(ctx))
+		}()
+		time.Sleep(hold)
+		require.NoError(t, mx.Unlock(ctx))
+		reads, acquires := hx.count("read"), hx.count("acquire")
+		require.NoError(t, mx.Lock(ctx))
+		locked := time.Now()
+		reads, acquires = hx.count("read")-reads, hx.count("acquire")-acquires
+		<-yDone
+		t.Logf("x's second Lock: %d reads, %d acquire attempts, the key %v after y's Unlock began", reads, acquires, locked.Sub(yUnlocked))
+		assert.LessOrEqual(t, reads, 2, "x read often behind y")
+		assert.LessOrEqual(t, acquires, 2, "the one before x registered, and the plan's")
+		assert.Less(t, locked.Sub(yUnlocked), 20*time.Millisecond, "x came late")
+		require.NoError(t, mx.Unlock(ctx))
+	})
 }
 
 // headPlanRun runs TestHeadPlan's scene, x built with xOpts, inside a
