@@ -437,12 +437,12 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 			if pr != nil {
 				r, q.reg, joined, busy, pr = pr.r, pr.lease, pr.at, pr.busy, nil
 				sent = joined
-				an = anchor{r.At, joined} // its reply: later than the write by half a round trip
+				an = anchorAt(r.At, q.reg.acquired, joined)
 			} else {
 				enqueue = false
 				r, err = c.enqueue(ctx, cl, a, &q)
 				if err == nil && q.registered() {
-					an = anchor{r.At, q.reg.acquired.Add(c.clock.Now().Sub(q.reg.acquired) / 2)}
+					an = anchorAt(r.At, q.reg.acquired, c.clock.Now())
 				}
 			}
 			if err == nil {
@@ -595,13 +595,14 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 				limit = max(period/2, cl.cfg.minBackoff/4)
 			}
 		} else if own := cl.pace.ownHold(); own > 0 && q.registered() && !q.head() {
-			// No period known yet (the counter seen once): behind a
-			// waiter that may be slow to come (its first wait, on the
-			// backoff), the reads that would see its hold begin need not
-			// be close together, as the record dates the hold
-			// (heldSince): read no more often than every half hold of
-			// this Mutex's. (Measured, 2 Clients holding 300 ms: 1 to 5
-			// reads there; session 20 in the README.)
+			// No period known (the counter seen once, or still for a
+			// TTL): behind a waiter that may be slow to come (its first
+			// wait, on the backoff), the reads that would see its hold
+			// begin need not be close together, as the record dates the
+			// hold (heldSince): read no more often than every half hold
+			// of this Mutex's, and at least every maximum backoff, as
+			// before. (Measured, 2 Clients holding 300 ms: 1 to 5 reads
+			// there before; session 20 in the README.)
 			least = min(own/2, cl.cfg.maxBackoff)
 		}
 		if !q.head() {

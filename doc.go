@@ -273,13 +273,15 @@
 // the head may poll faster than [WithBackoff]'s minimum), unless it was
 // not requeued and saw the hold it waits for begin: a reply showed the
 // token counter one more than the reply before it (or than the Mutex's
-// Unlock left it). That hold began between the two commands. When
-// nothing but its acquire wrote the record since the earlier reply, the
-// record's stamp (the server's clock at its last write), taken against
-// the stamp of the wait's own registration, says when on the Client's
-// clock: a time between two stamps of the server's clock, added to when
-// the Client made its write, so no two machines' clocks are compared (an
-// error costs commands, never safety). Otherwise the head plans only if
+// Unlock left it). That hold began between the two commands. When the
+// earlier reply showed the key free and nothing but the hold's acquire
+// wrote the record since, the record's stamp (the server's clock at its
+// last write), taken against the stamp of the wait's own registration,
+// says when on the Client's clock: a time between two stamps of the
+// server's clock, added to when the Client made its write, so no two
+// machines' clocks are compared (an error costs commands or time, never
+// safety: every attempt still passes the server's queue filter).
+// Otherwise the head plans only if
 // the two commands were sent at most a quarter of a hand-over period
 // apart, from their midpoint. It sends its first attempt a hand-over
 // period after the hold began (or a hold of its own Mutex, if that is
@@ -295,10 +297,11 @@
 // reading the document, so that they learn when they reach the head: a
 // waiter with two or more ahead reads again when about one should be left
 // (but at most the maximum backoff later: an early estimate can be far
-// too long), the one next after the head about twice a period, and
-// before the Client knows any period, no more often than twice a hold of
-// its own Mutex, once it has held the key (the stamp dates the hold it
-// then sees begun). No waiter
+// too long), the one next after the head about twice a period; and while
+// its Mutex knows no period (none seen yet, or the counter still for a
+// TTL), no more often than every half hold of the Mutex's own, and at
+// least every maximum backoff, once it has held the key (the stamp dates
+// the hold it then sees begun). No waiter
 // is woken by the server, so the key stays free until the next holder's
 // attempt comes: fairness costs throughput when holds are short and many
 // Clients wait.

@@ -31,7 +31,7 @@ import (
 // multiplies every row's duration, not its hold: 0.1 makes a smoke run.
 // DLOCK_FAIR_TRACE=1 prints every store operation of the rows' Clients to
 // standard error as it returns: when it was sent and answered (ms since
-// the row's Clients were built), the Client, the operation, and the token
+// the row began building its Clients), the Client, the operation, and the token
 // counter, holder, waiters and queue counter of the record it returned, or
 // its error (a trace slows each command by a write to standard error).
 //
@@ -394,7 +394,6 @@ func (t *fairTrace) note(client int, op string, sent time.Time, r record, err er
 func (s *countingStore) acquire(ctx context.Context, a attempt, takeover stamp) (record, error) {
 	sent := time.Now()
 	r, err := s.store.acquire(ctx, a, takeover)
-	s.trace.note(s.client, "acquire", sent, r, err)
 	switch {
 	case err == nil:
 		s.n.took("acq-ok", time.Since(sent))
@@ -403,6 +402,7 @@ func (s *countingStore) acquire(ctx context.Context, a attempt, takeover stamp) 
 	default:
 		s.n.took("acq-err", time.Since(sent))
 	}
+	s.trace.note(s.client, "acquire", sent, r, err)
 	return r, err
 }
 
@@ -433,12 +433,12 @@ func (s *countingStore) release(ctx context.Context, ref leaseRef) error {
 func (s *countingStore) requeue(ctx context.Context, ref leaseRef, next attempt) (record, error) {
 	sent := time.Now()
 	r, err := s.store.requeue(ctx, ref, next)
-	s.trace.note(s.client, "requeue", sent, r, err)
 	if err != nil {
 		s.n.took("requeue-failed", time.Since(sent))
 	} else {
 		s.n.took("requeue", time.Since(sent))
 	}
+	s.trace.note(s.client, "requeue", sent, r, err)
 	return r, err
 }
 

@@ -150,7 +150,8 @@ func WithMaxHold(d time.Duration) Option {
 // WithBackoff bounds the jittered exponential backoff between a waiting
 // Lock's polls of a held key: it starts near min and doubles up to max. A
 // Lock queued in the key's document polls on a schedule derived from how
-// often the key changes hands instead, within these bounds, except the
+// often the key changes hands instead (before that is known, from how long
+// its Mutex holds the key), within these bounds, except the
 // head of the queue, which polls at most every min/4 (or, having seen the
 // hold it waits for begin, sends an attempt only every max until that
 // hold is due to end), and a Lock that its

@@ -46,8 +46,9 @@ import "time"
 // attempts a wait, in the first rounds of each run (README, session 19).
 // The record a read returns usually tells exactly when the hold began
 // (heldSince), so a wait behind another waiter that is owed the key need
-// not read often to see it begin: it reads about twice a hold of its own
-// Mutex, until it knows how fast the key changes hands (acquire.go).
+// not read often to see it begin: it reads every half hold of its own
+// Mutex (at most the maximum backoff apart) while it knows no hand-over
+// period (acquire.go).
 
 // turnRetries is how many attempts a scheduled wait makes before it falls
 // back to the ordinary schedule.
@@ -239,48 +240,57 @@ type sighting struct {
 
 // An anchor is a moment that both the server's clock and this Client's
 // clock saw: a write of the wait's own (its registration, or the requeue
-// that made it), stamped by the server (record.At) and sent and answered
-// at local times around local.
+// that made it), stamped by the server (record.At), and sent and answered
+// within half a round trip (half) of local.
 type anchor struct {
 	server, local time.Time
+	half          time.Duration
+}
+
+// anchorAt returns the anchor of a write sent at sent and answered at
+// answered, which the server stamped at.
+func anchorAt(at, sent, answered time.Time) anchor {
+	half := answered.Sub(sent) / 2
+	return anchor{server: at, local: sent.Add(half), half: half}
 }
 
 // heldSince returns when, on this Client's clock, the hold that now's
-// record shows began, if the record tells: when the hold's acquire was
-// the last write to it since last's (its stamp, record.At, is then the
-// acquire's), and a write of the wait's own (an) maps the server's clock
-// onto this Client's. The two clocks are not compared: the time between
-// the two stamps, on the server's clock, is added to when the anchor's
-// write was made, on this one. ok is false when the record does not tell:
-// no anchor, or other writes since (a revision more than the acquire's,
-// and the previous holder's release if last showed it held; a waiter that
-// registered, left or was extended, other than the acquirer's own
-// registration, which its acquire ends).
+// record shows began, if the record tells: when last's record showed the
+// key free, and the hold's acquire is the only write to it since (its
+// stamp, record.At, is then the acquire's), and a write of the wait's own
+// (an) maps the server's clock onto this Client's. The two clocks are not
+// compared: the time between two stamps, on the server's clock, is added
+// to when the anchor's write was made, on this one. ok is false when the
+// record does not tell: no anchor; the key held when last looked (its
+// release and the next acquire are two writes, as are a takeover and the
+// new holder's first extension); or other writes since (a revision more
+// than the acquire's, a waiter that registered, left or was extended,
+// other than the acquirer's own registration, which its acquire ends).
 func heldSince(last, now sighting, an anchor) (began time.Time, ok bool) {
 	lr, r := last.r, now.r
-	if an.server.IsZero() || lr.Rev == 0 || r.Rev == 0 || r.Owner == "" || now.token != last.token+1 || r.At.Before(an.server) {
+	if an.server.IsZero() || lr.Rev == 0 || !lr.free() || r.Rev != lr.Rev+1 || r.Queue != lr.Queue ||
+		r.Owner == "" || now.token != last.token+1 || r.At.Before(an.server) {
 		return time.Time{}, false
 	}
-	writes := int64(1) // the acquire
-	if !lr.free() {
-		writes++ // and the release of the hold last saw
-	}
-	if r.Rev != lr.Rev+writes || r.Queue != lr.Queue {
-		return time.Time{}, false
-	}
-	acquirer := holdKey(r.Owner, r.Hold)
+	acquirer, kept := holdKey(r.Owner, r.Hold), 0
 	for hk, e := range lr.Waiters {
-		if e2, ok := r.Waiters[hk]; ok != (hk != acquirer) || ok && (e2.Stored != e.Stored || e2.Epoch != e.Epoch) {
+		e2, ok := r.Waiters[hk]
+		if ok == (hk == acquirer) || ok && (e2.Stored != e.Stored || e2.Epoch != e.Epoch) {
 			return time.Time{}, false
 		}
+		if ok {
+			kept++
+		}
 	}
-	if len(r.Waiters) > len(lr.Waiters) {
+	if len(r.Waiters) != kept {
 		return time.Time{}, false
 	}
-	// The anchor's local time is its write's within half a round trip,
-	// and the server stamps to the millisecond: allow for that, and put
-	// the start within the two sends, where it must be.
-	const slack = 5 * time.Millisecond
+	// The anchor's local time is its write's within half its round trip,
+	// and the server stamps to the millisecond; and the hold began after
+	// last's command ran, before now's did, which may be up to a round
+	// trip after it was sent: allow for that, and put the start within
+	// the sends (an aim at most a round trip early).
+	slack := max(5*time.Millisecond, an.half)
 	began = an.local.Add(r.At.Sub(an.server))
 	if began.Before(last.sent.Add(-slack)) || began.After(now.sent.Add(slack)) {
 		return time.Time{}, false // the clocks do not agree (a step, another server): leave it

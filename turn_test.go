@@ -299,10 +299,10 @@ func TestTookTurn(t *testing.T) {
 }
 
 // TestHeldSince: the record a read returns dates the hold it shows begun
-// when the hold's acquire was the only write since the reply before, by
-// the server's stamps, mapped to the Client's clock through a write of the
-// wait's own; any other write since, or stamps that disagree with the
-// sends, and it does not.
+// when the reply before showed the key free and the hold's acquire was
+// the only write since, by the server's stamps, mapped to the Client's
+// clock through a write of the wait's own; any other write since, a key
+// held before, or stamps that disagree with the sends, and it does not.
 func TestHeldSince(t *testing.T) {
 	local := time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC)
 	server := local.Add(-3 * time.Hour) // another machine's clock: only differences on it count
@@ -335,10 +335,21 @@ func TestHeldSince(t *testing.T) {
 			now.r.Queue = 195
 			now.r.Waiters = waiters(hx, holdKey("z", 1))
 		}},
-		{"a waiter's registration extended", func(_, now *sighting, _ *anchor) {
+		{"a waiter's registration extended (the in-memory store's epoch)", func(_, now *sighting, _ *anchor) {
 			e := now.r.Waiters[hx]
-			e.Epoch, e.Stored = 2, "extended"
+			e.Epoch = 2
 			now.r.Waiters[hx] = e
+		}},
+		{"a waiter's registration extended (MongoDB's stored value)", func(_, now *sighting, _ *anchor) {
+			e := now.r.Waiters[hx]
+			e.Stored = "extended"
+			now.r.Waiters[hx] = e
+		}},
+		{"a waiter more, with the counter as it was", func(_, now *sighting, _ *anchor) {
+			now.r.Waiters[holdKey("z", 1)] = entry{Q: 1}
+		}},
+		{"the acquirer's registration still there", func(_, now *sighting, _ *anchor) {
+			now.r.Waiters[hy] = last.r.Waiters[hy]
 		}},
 		{"a waiter other than the acquirer gone", func(last, now *sighting, _ *anchor) {
 			last.r.Waiters = waiters(hy, hx, holdKey("z", 1))
@@ -354,11 +365,13 @@ func TestHeldSince(t *testing.T) {
 			assert.False(t, ok)
 		})
 	}
-	t.Run("the hold before released it, then the acquire", func(t *testing.T) {
-		l, n := last, now
-		l.r.Owner, n.r.Rev = "z", 12
-		_, ok := heldSince(l, n, an)
-		assert.True(t, ok)
+	t.Run("held before: a release and an acquire, or a takeover and an extension", func(t *testing.T) {
+		for _, rev := range []int64{11, 12} {
+			l, n := last, now
+			l.r.Owner, n.r.Rev = "z", rev
+			_, ok := heldSince(l, n, an)
+			assert.False(t, ok, "revision %d", rev)
+		}
 	})
 	t.Run("within a round trip of the sends: put within them", func(t *testing.T) {
 		n := now
@@ -366,6 +379,12 @@ func TestHeldSince(t *testing.T) {
 		began, ok := heldSince(last, n, an)
 		require.True(t, ok)
 		assert.Equal(t, now.sent, began)
+		a := an
+		a.local = local.Add(-4 * time.Millisecond) // a round trip's error, say
+		n.r.At = server.Add(time.Millisecond)      // 3 ms after the anchor's local time: 2 ms before last was sent
+		began, ok = heldSince(last, n, a)
+		require.True(t, ok)
+		assert.Equal(t, last.sent, began, "before the earlier send: at it")
 	})
 }
 
@@ -496,8 +515,11 @@ func TestHeadPlanFromStamp(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const hold = 4 * time.Second
 		st := newMemStore()
-		x, hx := memClient(t, slowStore{st, time.Millisecond}, WithBackoff(time.Millisecond, 10*time.Second))
-		y, _ := memClient(t, slowStore{st, time.Millisecond}, WithBackoff(200*time.Millisecond, 200*time.Millisecond))
+		// A TTL long enough that no registration or hold is extended in
+		// the scene: an extension is a write the stamp would not date.
+		ttl := WithTTL(time.Minute)
+		x, hx := memClient(t, slowStore{st, time.Millisecond}, ttl, WithBackoff(time.Millisecond, 10*time.Second))
+		y, _ := memClient(t, slowStore{st, time.Millisecond}, ttl, WithBackoff(200*time.Millisecond, 200*time.Millisecond))
 		mx, my := x.NewMutex("k"), y.NewMutex("k")
 		ctx := context.Background()
 		require.NoError(t, mx.Lock(ctx))
