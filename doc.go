@@ -281,15 +281,14 @@
 // server's clock, added to when the Client made its write, so no two
 // machines' clocks are compared (an error costs commands or time, never
 // safety: every attempt still passes the server's queue filter).
-// Otherwise the head plans only if
-// the two commands were sent at most a quarter of a hand-over period
-// apart, from their midpoint. It sends its first attempt a hand-over
-// period after the hold began (or a hold of its own Mutex, if that is
-// shorter but at least a third of the period: as Clients start, the
-// period counts the time the key sat free), sleeping at most the maximum
-// backoff at a time (an attempt those sleeps bring forward does not
-// count against the plan), then retries as a requeued wait does, but each
-// retry twice as long after the one before.
+// Otherwise the head plans only if the two commands were sent at most a
+// quarter of a hand-over period apart, from their midpoint. It sends its
+// first attempt a hand-over period after the hold began (or a hold of its
+// own Mutex, if that is shorter but at least a third of the period: as
+// Clients start, the period counts the time the key sat free), sleeping
+// at most the maximum backoff at a time (an attempt those sleeps bring
+// forward does not count against the plan), then retries as a requeued
+// wait does, but each retry twice as long after the one before.
 // (No plan is made when the counter moved by more than one: two holds, or
 // a spare token; nor for an RWMutex's writer, whose counter readers move
 // too. A requeued wait whose plan ran out polls, for its plan's outcome
