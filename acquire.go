@@ -436,14 +436,16 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 			sent := c.clock.Now()
 			if pr != nil {
 				r, q.reg, joined, busy, pr = pr.r, pr.lease, pr.at, pr.busy, nil
-				sent = joined
-				an = anchorAt(r.At, q.reg.acquired, joined)
 			} else {
 				enqueue = false
 				r, err = c.enqueue(ctx, cl, a, &q)
-				if err == nil && q.registered() {
-					an = anchorAt(r.At, q.reg.acquired, c.clock.Now())
+			}
+			if err == nil && q.registered() { // r is the reply to the wait's own write: its registration, or the requeue that made it
+				answered := joined
+				if answered.IsZero() {
+					answered = c.clock.Now()
 				}
+				sent, an = q.reg.acquired, anchorAt(r.At, q.reg.acquired, answered)
 			}
 			if err == nil {
 				if r.Rev == 0 { // no record: the key is free
