@@ -119,9 +119,7 @@ func NewClient(coll *mongo.Collection, opts ...Option) (*Client, error) {
 // newClientOn makes a Client on the store that newStore returns.
 func newClientOn(newStore func(*telemetry) store, opts ...Option) (*Client, error) {
 	cfg := defaultConfig()
-	for _, o := range opts {
-		o.apply(&cfg)
-	}
+	cfg.applyAll(opts)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -170,9 +168,7 @@ func (c *Client) NewMutex(key string, opts ...Option) *Mutex {
 func (c *Client) configFor(key string, opts []Option) (config, error) {
 	cfg := c.cfg
 	cfg.forLock = true
-	for _, o := range opts {
-		o.apply(&cfg)
-	}
+	cfg.applyAll(opts)
 	if err := validKey(key); err != nil {
 		return cfg, err
 	}

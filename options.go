@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -33,8 +34,12 @@ const MaxExtendInterval = (1-MaxClockDrift)/(1+MaxClockDrift)/2 - lostGuard/2
 const MaxKeyLen = 1024
 
 // An Option configures a [Client] (through [NewClient]) or one lock
-// ([Client.NewMutex], [Client.NewRWMutex], [Client.NewSemaphore], where
-// it overrides the Client's setting).
+// ([Client.NewMutex], [Client.NewRWMutex], [Client.NewSemaphore],
+// [Client.NewElection], where it overrides the Client's setting).
+//
+// A nil Option is invalid: [NewClient] returns, and the lock's first call
+// reports, an error matching [ErrInvalidOption], as for an option out of
+// range.
 type Option interface {
 	apply(*config)
 }
@@ -68,6 +73,17 @@ type config struct {
 
 func defaultConfig() config {
 	return config{ttl: DefaultTTL, minBackoff: DefaultMinBackoff, maxBackoff: DefaultMaxBackoff, observe: DefaultObserveInterval, clock: systemClock{}}
+}
+
+// applyAll applies opts in order; a nil one is an invalid option.
+func (c *config) applyAll(opts []Option) {
+	for i, o := range opts {
+		if o == nil {
+			c.fail("the option at index %d is nil", i)
+			continue
+		}
+		o.apply(c)
+	}
 }
 
 func (c *config) fail(format string, args ...any) {
@@ -170,17 +186,34 @@ func WithBackoff(min, max time.Duration) Option {
 	})
 }
 
+// MaxOwnerLen is the longest owner, in bytes, that [WithOwner] accepts.
+// The owner is written with every hold and registration the Client makes,
+// so it is bounded as a key is, and tighter: a host name, a process id and
+// 128 random bits in hex take about 100.
+const MaxOwnerLen = 256
+
 // WithOwner sets the Client's owner identity, stored in every lock it holds.
 // The store treats all holds of one identity as one owner, so the identity
 // must be unique to one live Client and hard to guess: release and extension
 // are conditional on it. The default is 128 random bits in hex. Client only.
+//
+// id must not be empty, must be valid UTF-8 without NUL bytes (as a key),
+// and at most [MaxOwnerLen] bytes long; otherwise [NewClient] returns an
+// error matching [ErrInvalidOption].
 func WithOwner(id string) Option {
 	return clientOnly("WithOwner", func(c *config) {
-		if id == "" {
+		switch {
+		case id == "":
 			c.fail("owner identity is empty")
-			return
+		case len(id) > MaxOwnerLen:
+			c.fail("owner identity of %d bytes, longer than %d", len(id), MaxOwnerLen)
+		case !utf8.ValidString(id):
+			c.fail("owner identity is not valid UTF-8")
+		case containsNUL(id):
+			c.fail("owner identity contains NUL")
+		default:
+			c.owner = id
 		}
-		c.owner = id
 	})
 }
 
@@ -228,39 +261,60 @@ func WithData(data []byte) Option {
 	})
 }
 
+// MinObserveInterval is the shortest interval [WithObserveInterval]
+// accepts: a shorter one would have the Client read the election's key
+// back to back, as fast as the server answers. A millisecond is also the
+// resolution of the TTLs and of the time stamps in the lock documents.
+const MinObserveInterval = time.Millisecond
+
 // WithObserveInterval sets how often [Election.Observe] reads the
-// election's key, d > 0; the default is [DefaultObserveInterval]. An
-// observer learns of a change at most about d after the document shows
-// it (plus a read's round trip). However many goroutines observe one
-// election through one Client, the Client reads it once per interval,
-// at the shortest interval any of them asked for. Other primitives
-// ignore it.
+// election's key, at least [MinObserveInterval]; the default is
+// [DefaultObserveInterval]. An observer learns of a change at most about
+// d after the document shows it (plus a read's round trip). However many
+// goroutines observe one election through one Client, the Client reads it
+// once per interval, at the shortest interval any of them asked for.
+// Other primitives ignore it.
 func WithObserveInterval(d time.Duration) Option {
 	return optionFunc(func(c *config) {
-		if d <= 0 {
+		switch {
+		case d <= 0:
 			c.fail("observe interval %v is not positive", d)
-			return
+		case d < MinObserveInterval:
+			c.fail("observe interval %v is shorter than the minimum %v", d, MinObserveInterval)
+		default:
+			c.observe = d
 		}
-		c.observe = d
 	})
 }
+
+// MinPruneIdle is the shortest period [WithPruneIdle] accepts, other than
+// 0 (off). Each period costs a scan of at least two commands and gives the
+// scan that long to finish, and every Lock of a key pruned costs two
+// commands more than one of a key kept: a shorter period would spend
+// commands without end, and cut scans short, to prune keys that are
+// wanted again a moment later.
+const MinPruneIdle = time.Second
 
 // WithPruneIdle makes the Client prune in the background: every d (less
 // up to a tenth, at random, so that Clients started together spread out),
 // it calls [Client.Prune] with idle d, until Close, which stops it and
 // waits for it. So each Client scans at most once per d, and a free key is
 // deleted between d and about 2d after its last write. Client only; off
-// (0) by default; d must not be negative. Its errors are recorded on its
-// dlock.Prune spans, and it tries again after d. A MongoDB TTL index is no
-// substitute: it would delete documents without raising the floor, and the
-// tokens of a key re-created after it would start again from 1.
+// (0) by default; d must be 0 or at least [MinPruneIdle]. Its errors are
+// recorded on its dlock.Prune spans, and it tries again after d. A MongoDB
+// TTL index is no substitute: it would delete documents without raising
+// the floor, and the tokens of a key re-created after it would start
+// again from 1.
 func WithPruneIdle(d time.Duration) Option {
 	return clientOnly("WithPruneIdle", func(c *config) {
-		if d < 0 {
+		switch {
+		case d < 0:
 			c.fail("prune idle %v is negative", d)
-			return
+		case d > 0 && d < MinPruneIdle:
+			c.fail("prune idle %v is shorter than the minimum %v (0 turns pruning off)", d, MinPruneIdle)
+		default:
+			c.pruneIdle = d
 		}
-		c.pruneIdle = d
 	})
 }
 
@@ -304,7 +358,10 @@ func (c *config) validate() error {
 	if c.err != nil {
 		return c.err
 	}
-	if c.ttl < time.Millisecond {
+	switch {
+	case c.ttl <= 0:
+		return fmt.Errorf("%w: TTL %v is not positive", ErrInvalidOption, c.ttl)
+	case c.ttl < time.Millisecond:
 		return fmt.Errorf("%w: TTL %v is shorter than a millisecond", ErrInvalidOption, c.ttl)
 	}
 	if c.maxHold != 0 && c.maxHold < c.ttl {
