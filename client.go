@@ -415,7 +415,8 @@ func (c *Client) passOn(key string, l *Lease) {
 // waiter, it hands the hold over in one command instead of freeing the key
 // and having the waiter take it again, unless waiters of other Clients are
 // registered in the document: then it frees the key for them (the handoff
-// is refused, a second command) and the local waiter queues behind them. A lease already lost (by the
+// is refused, a second command) and the local waiter queues behind them;
+// nor to a waiter of another kind (see handOver). A lease already lost (by the
 // extender, or past its local deadline) is not handed over: its error is
 // returned at once and the key is tidied up in the background.
 func (c *Client) release(ctx context.Context, l *Lease) error {
@@ -449,33 +450,7 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 		defer l.end(ErrReleased, "")
 	}
 	if w := c.next(l.key); w != nil {
-		a := w.cl.spec
-		a.owner, a.hold = c.owner, c.holds.Add(1)
-		a.barge = c.cfg.flaw == flawUnfair || c.cfg.flaw == flawQueueJump
-		sent := c.clock.Now()
-		r, err := c.store.handoff(ctx, l.ref(), a)
-		if errors.Is(err, errNotOwner) && !a.barge {
-			// Lost, or waiters of other Clients are queued: the key is
-			// theirs first, and the local waiter queues behind them.
-			if err = c.store.release(ctx, l.ref()); err == nil {
-				c.deliver(l.key, w, nil)
-				return nil
-			}
-		}
-		switch {
-		case err == nil:
-			next := c.newLease(w.cl.lk, w.cl.cfg, a, r.Token, roleExclusive, sent)
-			if !c.ext.add(next) { // Close could not wait for this call: free the key
-				c.store.release(ctx, next.ref())
-				next.end(ErrReleased, "")
-			}
-			c.deliver(l.key, w, next)
-			return nil
-		case errors.Is(err, errNotOwner):
-			err = l.takenOver()
-		}
-		c.deliver(l.key, w, nil) // the outcome unknown: the waiter takes over a hold of ours at once
-		return err
+		return c.handOver(ctx, l, w)
 	}
 	if rq, ok := l.lk.(requeuer); ok && c.cfg.flaw != flawUnfair {
 		cl := rq.requeueClaim()
@@ -500,6 +475,62 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 	}
 	c.leave(l.key)
 	return err
+}
+
+// handOver passes this Client's slot for the key of exclusive lease l,
+// which its Release has ended, to w, the next of the Client's callers
+// queued for it, with the hold: in one command (handoff), unless waiters
+// of other Clients are registered (then the key is freed for them, and w
+// queues behind them). A waiter of another kind than l's (a misuse: the
+// key is used as two kinds of primitive) is never handed the hold, which
+// would make it hold a document of l's kind: the key is freed, and w,
+// given the slot alone, finds the kind as any other Client's call would,
+// and returns [ErrKindMismatch].
+func (c *Client) handOver(ctx context.Context, l *Lease, w *waiter) error {
+	if w.cl.spec.kind != kindOf(l.lk) {
+		err := c.store.release(ctx, l.ref())
+		if errors.Is(err, errNotOwner) {
+			err = l.takenOver()
+		}
+		c.deliver(l.key, w, nil)
+		return err
+	}
+	a := w.cl.spec
+	a.owner, a.hold = c.owner, c.holds.Add(1)
+	a.barge = c.cfg.flaw == flawUnfair || c.cfg.flaw == flawQueueJump
+	sent := c.clock.Now()
+	r, err := c.store.handoff(ctx, l.ref(), a)
+	if errors.Is(err, errNotOwner) && !a.barge {
+		// Lost, or waiters of other Clients are queued: the key is
+		// theirs first, and the local waiter queues behind them.
+		if err = c.store.release(ctx, l.ref()); err == nil {
+			c.deliver(l.key, w, nil)
+			return nil
+		}
+	}
+	switch {
+	case err == nil:
+		next := c.newLease(w.cl.lk, w.cl.cfg, a, r.Token, roleExclusive, sent)
+		if !c.ext.add(next) { // Close could not wait for this call: free the key
+			c.store.release(ctx, next.ref())
+			next.end(ErrReleased, "")
+		}
+		c.deliver(l.key, w, next)
+		return nil
+	case errors.Is(err, errNotOwner):
+		err = l.takenOver()
+	}
+	c.deliver(l.key, w, nil) // the outcome unknown: the waiter takes over a hold of ours at once
+	return err
+}
+
+// kindOf is the kind of the keys that lk holds exclusively: "" for a
+// Mutex's.
+func kindOf(lk locker) string {
+	if k, ok := lk.(interface{ kind() string }); ok {
+		return k.kind()
+	}
+	return ""
 }
 
 // releaseShared gives a shared hold back: no local queue, no handoff.

@@ -122,7 +122,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Lease, error) {
 		old.Release(ctx) // a lost term: give its place in the Client's queue up, at once
 	}
 	cl := claim{lk: e, cfg: &e.cfg, pace: &e.pace,
-		spec: attempt{key: e.name, ttl: e.cfg.ttl, data: []byte(value), kind: kindElection}}
+		spec: attempt{key: e.name, ttl: e.cfg.ttl, data: []byte(value), kind: e.kind()}}
 	l, err := e.c.lockExclusive(ctx, cl, "dlock.Campaign", false)
 	if err != nil {
 		return nil, fmt.Errorf("dlock: campaign %q: %w", e.name, err)
@@ -220,6 +220,9 @@ func (e *Election) notLeading(err error) error {
 	}
 	return fmt.Errorf("dlock: proclaim %q: %w", e.name, err)
 }
+
+// kind is the kind of the Election's key (see kindOf).
+func (e *Election) kind() string { return kindElection }
 
 // check reports misuse, or a ctx already ended, before any command.
 func (e *Election) check(ctx context.Context, value string) error {

@@ -432,3 +432,71 @@ func TestElectionMisuse(t *testing.T) {
 		assert.Zero(t, st.commands.Load())
 	})
 }
+
+// An Unlock hands its hold to the Client's next caller for the key only
+// when that caller asks for a hold of the same kind: a Campaign, or an
+// RWMutex's Lock, queued in the Client behind a Mutex of the same key
+// (or a Mutex's Lock behind them) returns ErrKindMismatch, as it would
+// behind another Client's hold, and the key's document stays the
+// holder's kind, free.
+func TestLocalHandoffKind(t *testing.T) {
+	ctx := context.Background()
+	mutex := func(c *Client) (func() error, error) {
+		m := c.NewMutex("k")
+		err := m.Lock(ctx)
+		return func() error { return m.Unlock(ctx) }, err
+	}
+	election := func(c *Client) (func() error, error) {
+		l, err := c.NewElection("k").Campaign(ctx, "v")
+		if err != nil {
+			return nil, err
+		}
+		return func() error { return l.Release(ctx) }, nil
+	}
+	writer := func(c *Client) (func() error, error) {
+		rw := c.NewRWMutex("k")
+		err := rw.Lock(ctx)
+		return func() error { return rw.Unlock(ctx) }, err
+	}
+	for _, tc := range []struct {
+		name       string
+		hold, wait func(c *Client) (func() error, error)
+		kind       string // the key's, as the holder made it
+	}{
+		{"Campaign behind a Mutex", mutex, election, ""},
+		{"RWMutex.Lock behind a Mutex", mutex, writer, ""},
+		{"Mutex.Lock behind an Election", election, mutex, kindElection},
+		{"Mutex.Lock behind an RWMutex", writer, mutex, kindRW},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := newMemStore()
+				a, ha := memClient(t, st)
+				b, _ := memClient(t, st)
+				unlock, err := tc.hold(a)
+				require.NoError(t, err)
+				waited := make(chan error, 1)
+				go func() {
+					release, err := tc.wait(a)
+					if err == nil {
+						release()
+					}
+					waited <- err
+				}()
+				synctest.Wait() // queued in a, behind the hold
+				require.NoError(t, unlock())
+				require.ErrorIs(t, <-waited, ErrKindMismatch)
+				assert.Zero(t, ha.count("handoff"), "the hold was handed over")
+				r := holder(st, "k")
+				assert.Equal(t, tc.kind, r.Kind)
+				assert.Empty(t, r.Owner, "the key is held")
+				_, err = b.NewElection("k").Leader(ctx)
+				if tc.kind == kindElection {
+					assert.ErrorIs(t, err, ErrNoLeader)
+				} else {
+					assert.ErrorIs(t, err, ErrKindMismatch)
+				}
+			})
+		})
+	}
+}

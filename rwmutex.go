@@ -135,7 +135,7 @@ func (rw *RWMutex) lock(ctx context.Context, name string, try bool) error {
 		return fmt.Errorf("dlock: lock %q: %w", rw.key, err)
 	}
 	cl := claim{lk: rw, cfg: &rw.cfg, pace: &rw.pace, seen: &rw.seen,
-		spec: attempt{key: rw.key, ttl: rw.cfg.ttl, data: rw.cfg.data, kind: kindRW}}
+		spec: attempt{key: rw.key, ttl: rw.cfg.ttl, data: rw.cfg.data, kind: rw.kind()}}
 	l, err := rw.c.lockExclusive(ctx, cl, name, try)
 	if err != nil {
 		return fmt.Errorf("dlock: lock %q: %w", rw.key, err)
@@ -145,6 +145,9 @@ func (rw *RWMutex) lock(ctx context.Context, name string, try bool) error {
 	rw.mu.Unlock()
 	return nil
 }
+
+// kind is the kind of the RWMutex's key (see kindOf).
+func (rw *RWMutex) kind() string { return kindRW }
 
 func (rw *RWMutex) check(ctx context.Context) error {
 	switch {
@@ -244,7 +247,7 @@ func (rw *RWMutex) rlock(ctx context.Context, name string, try bool) error {
 		c.mu.Unlock()
 
 		cl := claim{lk: rw, cfg: &rw.cfg, pace: &rw.pace, seen: &rw.seen,
-			spec: attempt{key: rw.key, ttl: rw.cfg.ttl, data: rw.cfg.data, kind: kindRW, shared: true, limit: maxReaders}}
+			spec: attempt{key: rw.key, ttl: rw.cfg.ttl, data: rw.cfg.data, kind: rw.kind(), shared: true, limit: maxReaders}}
 		l, err := c.lockShared(ctx, cl, name, try)
 
 		c.mu.Lock()
