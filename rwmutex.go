@@ -2,6 +2,7 @@ package dlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -169,7 +170,8 @@ func (rw *RWMutex) check(ctx context.Context) error {
 //
 // When ctx ends first, RLock returns an error that matches ctx.Err() with
 // [errors.Is] and leaves nothing held. When the Client is closed, or
-// closes while RLock waits, RLock returns [ErrClosed].
+// closes while RLock waits, RLock returns [ErrClosed]: once Close has
+// begun, as Lock does, even where it would join a hold.
 func (rw *RWMutex) RLock(ctx context.Context) error {
 	return rw.rlock(ctx, "dlock.RLock", false)
 }
@@ -181,9 +183,20 @@ func (rw *RWMutex) TryRLock(ctx context.Context) error {
 	return rw.rlock(ctx, "dlock.TryRLock", true)
 }
 
-// RUnlock undoes one RLock. The last RUnlock of a shared hold releases it
-// (see [Lease.Release]) and returns what the release returns. It returns
-// [ErrNotHeld] when this Client holds no shared hold of the key.
+// RUnlock undoes one RLock. As with a [sync.RWMutex], an RLock belongs to
+// no goroutine, so when this Client's RLocks of the key count on more than
+// one shared hold (an RLock after a hold's first extension interval takes
+// a new one: see RLock), RUnlock cannot tell which of them it undoes. It
+// counts down the oldest hold still held (a lost one only when no hold is
+// held), and releases a hold when its count reaches zero (see
+// [Lease.Release]). So that no RUnlock returns nil while the RLock it
+// undoes counted on a hold that was lost, it returns a [*LeaseLostError]
+// whenever a hold that any RLock not yet undone counts on was lost, even
+// if it counted down another: with several holds, one loss may be
+// reported to the RUnlocks of goroutines that counted on a hold still
+// held, never withheld from one that counted on the lost hold. Otherwise
+// it returns what its release returns, or nil. It returns [ErrNotHeld]
+// when this Client holds no shared hold of the key.
 func (rw *RWMutex) RUnlock(ctx context.Context) error {
 	if rw == nil || rw.c == nil {
 		return ErrNotHeld
@@ -195,18 +208,41 @@ func (rw *RWMutex) RUnlock(ctx context.Context) error {
 		c.mu.Unlock()
 		return ErrNotHeld
 	}
-	// The oldest first: it no longer takes new readers, so it ends soonest.
-	h := rs.holds[0]
+	i, lost := rs.countDown()
+	h := rs.holds[i]
 	if h.n--; h.n > 0 {
 		c.mu.Unlock()
-		return nil
+		return lost
 	}
-	rs.holds = rs.holds[1:]
+	rs.holds = slices.Delete(rs.holds, i, i+1)
 	if len(rs.holds) == 0 && rs.pending == nil {
 		delete(c.readers, rw.key)
 	}
 	c.mu.Unlock()
-	return h.l.Release(ctx)
+	if err := h.l.Release(ctx); err != nil {
+		return err
+	}
+	return lost
+}
+
+// countDown returns the index of the hold an RUnlock counts down: the
+// oldest still held (it no longer takes new readers, so it ends soonest),
+// or, when none is, the oldest. A lost hold is counted down last, so it
+// stays counted while any RLock may have counted on it: lost is the loss
+// of the oldest hold that was lost, nil if none was. Called with
+// Client.mu held.
+func (rs *readers) countDown() (i int, lost error) {
+	i = -1
+	for j, h := range rs.holds {
+		err := h.l.Err()
+		switch {
+		case err == nil && i < 0:
+			i = j
+		case lost == nil && errors.Is(err, ErrLeaseLost):
+			lost = err
+		}
+	}
+	return max(i, 0), lost
 }
 
 func (rw *RWMutex) rlock(ctx context.Context, name string, try bool) error {
@@ -216,6 +252,10 @@ func (rw *RWMutex) rlock(ctx context.Context, name string, try bool) error {
 	c := rw.c
 	for {
 		c.mu.Lock()
+		if c.calls.closed { // Close has begun: no join either
+			c.mu.Unlock()
+			return fmt.Errorf("dlock: rlock %q: %w", rw.key, ErrClosed)
+		}
 		rs := c.readers[rw.key]
 		if rs == nil {
 			rs = &readers{}

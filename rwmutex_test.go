@@ -210,3 +210,106 @@ func TestRWMutexCrashedReader(t *testing.T) {
 		require.NoError(t, wm.Unlock(ctx))
 	})
 }
+
+// An RUnlock cannot tell which RLock it undoes when this Client's RLocks
+// count on more than one shared hold, so no RUnlock returns nil while a
+// hold that an RLock not yet undone counted on is lost: every RUnlock
+// reports the loss until the lost hold is counted down, last. Here a
+// hold is lost as a writer's reap of it would make it: its entry is
+// cleared, and the next extension finds it gone.
+func TestRWMutexRUnlockReportsLoss(t *testing.T) {
+	const ttl = 3 * time.Second
+	for _, tc := range []struct {
+		name   string
+		joined bool // a second RLock joins the first hold
+		lose   int  // the hold lost: 0 the older, 1 the newer, -1 none
+		want   []bool
+	}{
+		{name: "none lost", lose: -1, want: []bool{false, false}},
+		{name: "newer hold lost", lose: 1, want: []bool{true, true}},
+		{name: "older hold lost", lose: 0, want: []bool{true, true}},
+		{name: "joined hold lost", joined: true, lose: 0, want: []bool{true, true, true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ctx := context.Background()
+				st := newMemStore()
+				c, _ := memClient(t, st, WithTTL(ttl))
+				rw := c.NewRWMutex("k")
+				require.NoError(t, rw.RLock(ctx))
+				if tc.joined {
+					require.NoError(t, rw.RLock(ctx))
+				}
+				time.Sleep(c.cfg.every()) // past the first hold's join window
+				require.NoError(t, rw.RLock(ctx))
+				c.mu.Lock()
+				var leases []*Lease
+				for _, h := range c.readers["k"].holds {
+					leases = append(leases, h.l)
+				}
+				c.mu.Unlock()
+				require.Len(t, leases, 2, "RLocks on two holds")
+
+				var lost *Lease
+				if tc.lose >= 0 {
+					lost = leases[tc.lose]
+					hk := holdKey(c.owner, lost.hold)
+					e := holder(st, "k").Shared[hk]
+					ok, err := st.reap(ctx, "k", stamp{}, []staleEntry{{role: roleShared, key: hk, epoch: e.Epoch, token: e.Token}})
+					require.NoError(t, err)
+					require.True(t, ok)
+					time.Sleep(c.cfg.every() + time.Millisecond) // the next extension finds it gone
+					synctest.Wait()
+					require.ErrorIs(t, lost.Err(), ErrLeaseLost)
+				}
+				for i, want := range tc.want {
+					err := rw.RUnlock(ctx)
+					if !want {
+						assert.NoError(t, err, "RUnlock %d", i)
+						continue
+					}
+					var lerr *LeaseLostError
+					if assert.ErrorAs(t, err, &lerr, "RUnlock %d", i) {
+						assert.Equal(t, lost.Token(), lerr.Token, "RUnlock %d names the lost hold", i)
+					}
+				}
+				require.ErrorIs(t, rw.RUnlock(ctx), ErrNotHeld)
+				hs, err := c.Holders(ctx, "k")
+				require.NoError(t, err)
+				assert.Empty(t, hs, "a hold still held after the last RUnlock")
+			})
+		})
+	}
+}
+
+// An RLock that would join a hold of this Client's fails with ErrClosed
+// once Close has begun, as every other call does, rather than counting on
+// a hold that Close is about to end.
+func TestRWMutexRLockAfterClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		c, h := memClient(t, newMemStore())
+		rw := c.NewRWMutex("k")
+		require.NoError(t, rw.RLock(ctx))
+
+		gate := make(chan struct{})
+		open := sync.OnceFunc(func() { close(gate) })
+		defer open()
+		h.on("acquire", func(_ context.Context, call func() error) error { <-gate; return call() })
+		locked := make(chan error, 1)
+		go func() { locked <- c.NewMutex("other").Lock(ctx) }()
+		synctest.Wait() // a call under way, which Close waits for
+		closed := make(chan error, 1)
+		go func() { closed <- c.Close(ctx) }()
+		synctest.Wait() // Close has begun, and waits
+
+		require.ErrorIs(t, rw.RLock(ctx), ErrClosed, "RLock joined a hold as Close began")
+		require.ErrorIs(t, rw.TryRLock(ctx), ErrClosed)
+		require.ErrorIs(t, rw.Lock(ctx), ErrClosed)
+		open()
+		require.ErrorIs(t, <-locked, ErrClosed)
+		require.NoError(t, <-closed)
+		require.ErrorIs(t, rw.RUnlock(ctx), ErrClosed)
+		require.ErrorIs(t, rw.RUnlock(ctx), ErrNotHeld, "the joining RLock was counted")
+	})
+}
