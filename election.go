@@ -181,6 +181,13 @@ func leaderOf(name string, r record) (Leader, error) {
 // changes the document's revision, as an extension does), but does not
 // extend the term's lease: its deadline stays where the last extension
 // put it.
+//
+// With [WithMaxHold], no write of a term comes later than its last
+// extension, which is due a TTL (and 1% of it) before the cap: from then
+// on Proclaim sends nothing and returns an error matching [ErrMaxHold],
+// while the term still leads until its lease is lost at the cap. A write
+// then would be a sign of life that puts off the Clients waiting to take
+// over, by up to a TTL beyond the cap.
 func (e *Election) Proclaim(ctx context.Context, value string) error {
 	if e == nil || e.c == nil {
 		return ErrNotHeld
@@ -194,6 +201,9 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 	}
 	if err := l.Err(); err != nil {
 		return e.notLeading(err)
+	}
+	if !l.stop.IsZero() && !e.c.clock.Now().Before(l.lastDue) {
+		return fmt.Errorf("dlock: proclaim %q: %w: the term writes nothing after its last extension", e.name, ErrMaxHold)
 	}
 	if err := e.c.begin(); err != nil {
 		return fmt.Errorf("dlock: proclaim %q: %w", e.name, err)

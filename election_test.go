@@ -500,3 +500,49 @@ func TestLocalHandoffKind(t *testing.T) {
 		})
 	}
 }
+
+// With WithMaxHold, a term writes nothing after its last extension, a
+// TTL before the cap: a Proclaim then fails with ErrMaxHold and leaves
+// the document as it was, so a Client that began to campaign after the
+// last extension takes over at most a TTL after the cap. (A Proclaim
+// written then would change the revision that the waiting Client times
+// the term's silence from, and put it off by up to a TTL more.)
+func TestElectionProclaimAfterLastExtension(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl, d = 10 * time.Second, time.Minute
+		lastDue := d - ttl - lastGuard(ttl)
+		ctx := context.Background()
+		st := newMemStore()
+		a, ha := memClient(t, st, WithTTL(ttl), WithMaxHold(d))
+		b, _ := memClient(t, st, WithTTL(ttl))
+		ea := a.NewElection("e")
+		start := time.Now()
+		l, err := ea.Campaign(ctx, "v1")
+		require.NoError(t, err)
+		time.Sleep(lastDue - time.Millisecond)
+		require.NoError(t, ea.Proclaim(ctx, "v2"), "before the last extension")
+
+		time.Sleep(ttl / 10)
+		won := make(chan error, 1)
+		go func() {
+			_, err := b.NewElection("e").Campaign(ctx, "b")
+			won <- err
+		}()
+		synctest.Wait() // b waits, its watch of the term begun
+		time.Sleep(ttl / 2)
+		require.NoError(t, l.Err(), "the term still leads")
+		before, writes := holder(st, "e"), ha.count("setData")
+		err = ea.Proclaim(ctx, "v3")
+		assert.ErrorIs(t, err, ErrMaxHold)
+		assert.NotErrorIs(t, err, ErrLeaseLost, "the term has not ended")
+		assert.Equal(t, writes, ha.count("setData"), "a command was sent")
+		assert.Equal(t, before.Rev, holder(st, "e").Rev, "the document was written")
+		assert.Equal(t, "v2", string(l.Data()))
+
+		require.NoError(t, <-won)
+		took := time.Since(start)
+		t.Logf("b took over %v after the cap", took-d)
+		assert.LessOrEqual(t, took, d+ttl, "taken over more than a TTL after the cap")
+		requireMaxHoldLost(t, l)
+	})
+}

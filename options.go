@@ -136,10 +136,11 @@ func WithExtendInterval(d time.Duration) Option {
 // must not hold a key forever, a hung job say: the job finds its lease
 // lost, and the key goes to others, without anyone having to notice.
 //
-// The holder sends its last extension d−TTL after the acquire, and none
-// after that. Its lease then ends at the local deadline that extension
-// gives, a little before d (by the margin every lease keeps under its TTL,
-// about 3% of the TTL: see the package documentation), or at the deadline
+// The holder sends its last extension d−TTL after the acquire, and no
+// write after that ([Election.Proclaim] then fails with [ErrMaxHold]). Its
+// lease then ends at the local deadline that extension gives, a little
+// before d (by the margin every lease keeps under its TTL, about 3% of
+// the TTL: see the package documentation), or at the deadline
 // of an earlier write if that extension fails: [Lease.Lost] closes,
 // [Lease.Context] is cancelled, and [Lease.Err] returns a
 // [*LeaseLostError] whose Cause matches [ErrMaxHold]. As the holder writes
