@@ -242,7 +242,8 @@ func (c *Client) grant(cl claim, a attempt, t Token, ro role, sent time.Time) (*
 // waitPoll waits for the next poll of a held key: the poller's next
 // interval, but at least least; limit when exact, or at most limit when
 // it is not 0; or less when the watch of the record (w) or of an entry
-// (ew) is due sooner. It returns ctx's error or ErrClosed when those come first.
+// (ew) is due sooner; and never longer than maxSleep. It returns ctx's
+// error or ErrClosed when those come first.
 func (c *Client) waitPoll(ctx context.Context, cl claim, polls **poller, w *watch, ew *entryWatch, limit time.Duration, exact bool, least time.Duration) error {
 	now := c.clock.Now()
 	if *polls == nil {
@@ -265,7 +266,7 @@ func (c *Client) waitPoll(ctx context.Context, cl claim, polls **poller, w *watc
 	if due := ew.wait(now); due > 0 {
 		d = min(d, due)
 	}
-	t := c.clock.NewTimer(d)
+	t := c.clock.NewTimer(min(d, maxSleep(cl.cfg)))
 	select {
 	case <-t.C:
 		return nil
@@ -348,7 +349,8 @@ func kindError(key, want, got string) error {
 // that hold over, with no command (a hold another Mutex of the key kept
 // for itself is handed over by one write, as a local handoff is). A wait
 // that adopted a requeued registration sends no command until its turn is
-// due, then acquire attempts, whatever its place as last seen (turn.go);
+// due (woken earlier, as maxSleep may wake it, it polls as other waits
+// do), then acquire attempts, whatever its place as last seen (turn.go);
 // after turnRetries early ones, or any other failure, it polls as other
 // waits do. The head polls with acquire attempts, one command that takes
 // the key when it is free; the waiters behind it poll by reading the
@@ -465,7 +467,7 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 					continue
 				}
 			}
-		case q.head() || tp.on:
+		case q.head() || tp.due(c.clock.Now()):
 			attempts++
 			a.registered, a.ahead = q.registered(), q.ahead
 			a.spare = a.registered && spares
@@ -512,7 +514,7 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 			case err == nil:
 			case !errors.Is(err, errHeld):
 				unsure, tp.on = true, false
-			case tp.on:
+			case tp.due(sent):
 				err = nil // not its turn yet: retry, reading only to trace, or when the plan ended (turn.go)
 				tp.miss(sent, c.clock.Now())
 				read = !tp.on || tracing && events < maxHeldEvents && attempts&(attempts-1) == 0

@@ -71,7 +71,10 @@
 //
 // So a key whose holder crashed is free again at most one TTL after the
 // waiter first read it (plus a poll interval), which is at most two TTLs
-// after the holder's last write, however long ago that was.
+// after the holder's last write, however long ago that was. A poll
+// interval, here and in every bound below, is at most one and a half
+// maximum backoffs ([WithBackoff]): no wait sleeps longer than that at a
+// time, whatever its pacing plans (see Fairness).
 //
 // # The server's clock
 //
@@ -179,7 +182,8 @@
 // for each of them at most one kept hold after it), each followed by the
 // next holder's attempt, at most the maximum backoff after the key is
 // freed; a waiter ahead that crashed or was cut off delays it by at most
-// that waiter's TTL, after which its registration is cleared. A waiter stays
+// that waiter's TTL (plus a poll interval), after which its registration
+// is cleared, whatever the waits plan (below). A waiter stays
 // registered as long as its Client extends its registration (as it
 // extends its leases); one that could not for a TTL may have been
 // cleared, and registers again at the back. A call whose context ends
@@ -236,11 +240,15 @@
 // were ahead of it, so it sends no command until its turn is due: k turns
 // after it joined, with k waiters ahead, a turn being learnt by the Mutex
 // from its earlier waits (at first, the shorter of its own last hold and
-// the turn its first requeued wait measured; see below).
-// Then it sends acquire attempts, a short interval apart (a sixteenth of
-// a turn, within a sixteenth of the minimum backoff and half the maximum,
-// and at least the last attempt's round trip), which take the key
-// once every waiter ahead is gone; after eight early attempts it goes
+// the turn its first requeued wait measured; see below). But it sleeps
+// at most one and a half maximum backoffs at a time: woken before its
+// turn, it polls as other waits do (below), and keeps its plan, so a
+// crashed holder or waiter ahead, or one that left, holds it up no
+// longer than it would a wait with no plan, however long a turn it
+// learnt. Then it sends acquire attempts, a short interval apart (a
+// sixteenth of a turn, within a sixteenth of the minimum backoff and half
+// the maximum, and at least the last attempt's round trip), which take the
+// key once every waiter ahead is gone; after eight early attempts it goes
 // back to polling as below, reading the document at once (it is late,
 // and the key may be free and owed to it). A first attempt that took the
 // key makes the next wait aim earlier, one that was early makes it aim

@@ -16,6 +16,10 @@ import "time"
 // turn is due, then retries a short interval apart. The attempt's filter
 // lets it take the key only once every waiter ahead is gone (rule 6 in
 // doc.go), so an early attempt costs one failed command, never the order.
+// No sleep is longer than maxSleep, though: a wait woken before its turn
+// polls as an unplanned one does (turnPlan.due), so that a turn learnt
+// long, or a queue that moved on without it, costs commands, never the
+// liveness bounds of doc.go.
 //
 // The length of a turn is learnt per primitive, from its own waits (see
 // tookTurn). The first requeued wait with more than one waiter ahead is
@@ -54,6 +58,13 @@ import "time"
 // back to the ordinary schedule.
 const turnRetries = 8
 
+// maxSleep is the longest a wait sleeps at once, whatever its pacing
+// planned: the longest sleep of the ordinary schedule, the maximum
+// backoff jittered up by half (backoff.go), so that every liveness bound
+// that allows a poll interval (a crashed holder, a crashed, cut-off or
+// cancelled waiter ahead) holds for a planned wait too.
+func maxSleep(cfg *config) time.Duration { return cfg.maxBackoff + cfg.maxBackoff/2 }
+
 // A turnPlan is one planned wait's schedule: a requeued wait's
 // (planTurn), or that of a head that saw its hold begin (planHead). The
 // zero value is no plan. It is used by the acquiring goroutine only.
@@ -67,6 +78,15 @@ type turnPlan struct {
 	learn  bool          // no plan: the wait only measures the turn, for the next (see planTurn)
 	head   bool          // a plan of planHead's: retries double, and no sleep before next is longer than the maximum backoff
 }
+
+// due reports whether the plan's attempts are due at now: a head's plan
+// attempts whenever it wakes (it sleeps at most the maximum backoff at a
+// time); a requeued wait's, from when its turn is due. A requeued wait
+// that maxSleep, or a watch come due, woke before that polls as an
+// unplanned wait does (the head with an attempt, a waiter behind it by
+// reading the document, which clears crashed waiters ahead and watches
+// the holder), and the plan stands.
+func (tp *turnPlan) due(now time.Time) bool { return tp.on && (tp.head || !now.Before(tp.next)) }
 
 // planTurn returns the schedule of a wait that joined the queue at
 // joined with k waiters ahead of it, after a hold of its primitive that

@@ -603,3 +603,96 @@ func headPlanRun(t *testing.T, hold time.Duration, xOpts ...Option) (int, time.D
 	defer mu.Unlock()
 	return attempts, longest
 }
+
+// A requeued wait whose plan would sleep far longer than a TTL (here its
+// Mutex learnt a turn of ten TTLs) still clears a crashed waiter ahead of
+// it, or takes over from a crashed holder, within the bounds of doc.go:
+// no sleep of a wait is longer than maxSleep, and before its turn is due
+// a wait that maxSleep woke polls as an unplanned one does. a's Unlock
+// requeues its next Lock behind b's registration, and b's Client stops
+// (every store call hangs, as a crashed or cut-off process's would):
+// while it waits, or just after it took the key a's Unlock freed.
+func TestRequeuedWaitCrashAhead(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		holds bool // b takes the key before its Client stops
+	}{
+		{name: "waiter ahead crashes"},
+		{name: "holder crashes", holds: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := newMemStore()
+				a, ha := memClient(t, st)
+				b, hb := memClient(t, st)
+				c, _ := memClient(t, st)
+				ma, mb, mc := a.NewMutex("k"), b.NewMutex("k"), c.NewMutex("k")
+				ctx := context.Background()
+				bctx, bcancel := context.WithCancel(ctx)
+				defer bcancel()
+				lockB := func() chan error {
+					ch := make(chan error, 1)
+					go func() { ch <- mb.Lock(bctx) }()
+					synctest.Wait()
+					return ch
+				}
+				// As requeueScene: a holds the key, and its next Unlock
+				// requeues; b waits, registered.
+				require.NoError(t, mc.Lock(ctx))
+				aErr, bErr := lockAsync(ma), lockB()
+				require.NoError(t, mc.Unlock(ctx))
+				require.NoError(t, <-aErr)
+				require.NoError(t, ma.Unlock(ctx))
+				aErr = lockAsync(ma)
+				require.NoError(t, <-bErr)
+				require.NoError(t, mb.Unlock(ctx))
+				bErr = lockB()
+				require.NoError(t, <-aErr)
+				require.Equal(t, []string{b.owner}, waiters(st, "k"))
+
+				ops := []string{"acquire", "handoff", "extend", "release", "setData", "releaseAll", "abandon", "read",
+					"floor", "raise", "idle", "raiseFloor", "remove", "register", "requeue", "reap", "serverTime"}
+				crash := func() {
+					for _, op := range ops {
+						hb.on(op, hang)
+					}
+				}
+				if !tc.holds {
+					crash()
+				}
+				ma.pace.mu.Lock()
+				ma.pace.turn = 10 * DefaultTTL // the plan: ten TTLs for the one waiter ahead
+				ma.pace.mu.Unlock()
+				time.Sleep(10 * time.Millisecond) // work: a hold too long to keep (keep.go)
+				requeues, registers := ha.count("requeue"), ha.count("register")
+				require.NoError(t, ma.Unlock(ctx))
+				unlocked := time.Now()
+				aErr = make(chan error, 1)
+				go func() { aErr <- ma.Lock(ctx) }()
+				last := unlocked // b's last write that a waits out
+				if tc.holds {
+					require.NoError(t, <-bErr)
+					last = time.Now()
+					crash()
+				}
+				require.NoError(t, <-aErr)
+				took := time.Since(last)
+				t.Logf("a took the key %v after b's last write", took)
+				require.Equal(t, requeues+1, ha.count("requeue"), "a's Unlock requeued")
+				require.Equal(t, registers, ha.count("register"), "a's Lock adopted the requeued registration")
+				assert.LessOrEqual(t, took, DefaultTTL+fairPoll+10*time.Millisecond, "b held a up too long")
+				assert.GreaterOrEqual(t, took, DefaultTTL-DefaultTTL/3, "a cleared b before it stood still for a TTL")
+				assert.Equal(t, a.owner, holder(st, "k").Owner)
+
+				for _, op := range ops {
+					hb.on(op, nil)
+				}
+				bcancel()
+				if !tc.holds {
+					require.ErrorIs(t, <-bErr, context.Canceled)
+				}
+				require.NoError(t, ma.Unlock(ctx))
+			})
+		})
+	}
+}
