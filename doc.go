@@ -390,10 +390,12 @@ package dlock
 //	               hold): the liveness signal of the record as a whole (see
 //	               "How expiry works" in the package doc). It starts again
 //	               at 1 in a document that Prune deleted and an acquire
-//	               created again, so every write conditional on a revision
-//	               also names the token counter: (rev, token) never
-//	               repeats, as the counter of a re-created document is
-//	               raised above every token of the deleted one
+//	               created again, so no write is conditional on a
+//	               revision alone. A takeover also names the token counter
+//	               and one hold (owner and hold, or a key in h), whose name
+//	               never repeats; a delete names the token counter of a
+//	               document that is not raw, which the floor raised above
+//	               every token of the deleted one
 //	at     date    $currentDate on every write: informative, except that
 //	               Prune's idle rule compares it with the server's own clock
 //	owner  string  the exclusive holder, "" when there is none
@@ -487,14 +489,23 @@ package dlock
 //     that block it: a writer the shared holds; a reader the
 //     registrations, and the shared holds when the Semaphore is full. A
 //     takeover of the whole record (every hold in it has ended: rev has
-//     stood still for the longest TTL in it) is conditional on rev and
-//     token together, and clears the shared holds (not the registrations: rule 6).
+//     stood still for the longest TTL in it) is conditional on rev, token
+//     and one of the holds seen (owner and hold, or h.<hk> existing:
+//     a raw document's rev and token can repeat those of a deleted one,
+//     a hold's name cannot), and clears the shared holds (not the
+//     registrations: rule 6).
 //  4. Floor: before any document is deleted, floor is raised to at least
-//     its token. Prune reads candidates (free: owner "", n = 0, w empty; and
-//     idle: at at least idle before the server's clock, which compares the
-//     server's clock with itself only), raises floor with $max to their
-//     greatest token (one upsert), then deletes each with a filter on its
-//     rev, so a document written after the scan survives.
+//     its token. Prune reads candidates (free: owner "", n = 0, w empty,
+//     raw absent; and idle: at at least idle before the server's clock,
+//     which compares the server's clock with itself only), raises floor
+//     with $max to their greatest token (one upsert), then deletes each
+//     with a filter that repeats those conditions and names its rev and
+//     token, so neither a document written after the scan nor a document
+//     created anew after another Prune deleted the one scanned is
+//     deleted: a delete can arrive long after it was sent, and the new
+//     document's rev may equal the old one's, but its token, once it is
+//     not raw, is above the floor and so above the old one's. A raw
+//     document is never deleted: its counter may repeat an old token.
 //  5. Raised before use: an acquire that creates a document creates it raw
 //     with token 1 (or T+1 for a shared acquire). Whoever's acquire reply
 //     shows raw (the creator, or anyone who took over a raw document whose

@@ -48,7 +48,7 @@ func takeoverWait(ttl, serverElapsed time.Duration) time.Duration {
 // A watch is a waiter's view of a key held by someone else: the revision it
 // saw and, on its own clock, when that revision may be taken over.
 type watch struct {
-	at       stamp // the state watched: revision and token (see stamp)
+	at       stamp // the state watched (see stamp)
 	rev      int64 // at.rev: 0 when nothing is watched
 	deadline time.Time
 }
@@ -57,7 +57,7 @@ type watch struct {
 // the server's time since rec was written, or negative when unknown.
 func (w *watch) observe(rec record, now time.Time, serverElapsed time.Duration) {
 	d := now.Add(takeoverWait(rec.maxTTL(), serverElapsed))
-	if s := (stamp{rec.Rev, rec.Token}); s != w.at || d.Before(w.deadline) {
+	if s := stampOf(rec); s != w.at || d.Before(w.deadline) {
 		w.at, w.rev, w.deadline = s, rec.Rev, d
 	}
 }
@@ -65,7 +65,7 @@ func (w *watch) observe(rec record, now time.Time, serverElapsed time.Duration) 
 // orphan records an observation, received at now, of a hold of this
 // Client's that no call of it relies on: it may be taken over at once.
 func (w *watch) orphan(rec record, now time.Time) {
-	w.at, w.rev, w.deadline = stamp{rec.Rev, rec.Token}, rec.Rev, now
+	w.at, w.rev, w.deadline = stampOf(rec), rec.Rev, now
 }
 
 // takeover is the state that may be taken over at now, or the zero stamp.

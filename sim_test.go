@@ -62,6 +62,17 @@ type simLink struct {
 	// made unconditional where they must not be).
 	releaseAnyToken bool // release frees the key if the owner matches, whatever the token
 	abandonAnyHold  bool // abandon frees the key if the owner matches, whatever the hold
+	sharedJoinsRaw  bool // a shared acquire joins a raw record that has a shared hold already
+	// deletes, when set, replaces the condition under which Prune's delete
+	// removes a record it read as d.
+	deletes func(r record, d idleRecord) bool
+
+	// Each of Prune's deletes reaches the store only once it has applied
+	// lateDelete more writes and deletes (counted in writes), or after
+	// 3 TTLs: a scan far older than its delete, with other Clients' writes
+	// between.
+	lateDelete int
+	writes     *atomic.Int64
 
 	net  *sync.WaitGroup // requests in flight, waited for at the end of a run
 	k    *simChecker     // told of every extension, to check none extends a lease being released
@@ -148,7 +159,13 @@ func (l *simLink) crash() {
 func (l *simLink) acquire(ctx context.Context, a attempt, takeover stamp) (record, error) {
 	sent := time.Now()
 	return send(l, ctx, func(ctx context.Context) (record, error) {
-		r, err := l.st.acquire(ctx, a, takeover)
+		var r record
+		var err error
+		if l.sharedJoinsRaw && a.shared {
+			r, err = l.joinRaw(a)
+		} else {
+			r, err = l.st.acquire(ctx, a, takeover)
+		}
 		if err == nil {
 			l.k.wrote(r.Token, sent)
 		}
@@ -254,7 +271,18 @@ func (l *simLink) raiseFloor(ctx context.Context, t Token) error {
 
 func (l *simLink) remove(ctx context.Context, recs []idleRecord) (int, error) {
 	return send(l, ctx, func(ctx context.Context) (int, error) {
-		n, err := l.st.remove(ctx, recs)
+		if l.lateDelete > 0 {
+			until, give := l.writes.Load()+int64(l.lateDelete), time.Now().Add(3*simClientTTL)
+			for l.writes.Load() < until && time.Now().Before(give) {
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+		n, err := 0, error(nil)
+		if l.deletes == nil {
+			n, err = l.st.remove(ctx, recs)
+		} else {
+			n = l.flawedRemove(recs)
+		}
 		if n > 0 {
 			l.k.mu.Lock()
 			l.k.pruned += n
@@ -262,6 +290,40 @@ func (l *simLink) remove(ctx context.Context, recs []idleRecord) (int, error) {
 		}
 		return n, err
 	})
+}
+
+// joinRaw is memStore.acquire of a shared attempt, but for the rule that
+// only an empty raw record may be joined.
+func (l *simLink) joinRaw(a attempt) (record, error) {
+	l.st.mu.Lock()
+	defer l.st.mu.Unlock()
+	r, exists := l.st.get(a.key)
+	switch {
+	case !exists:
+		r = record{Kind: a.kind, Raw: true, Token: a.token}
+	case r.Kind != a.kind || r.Owner != "" || len(r.Shared) >= a.limit || len(r.Waiters) > 0 || r.Token != a.token:
+		return record{}, errHeld
+	}
+	r.Token = a.token + 1
+	if r.Shared == nil {
+		r.Shared = map[string]entry{}
+	}
+	r.Shared[a.holdKey()] = entry{Owner: a.owner, Hold: a.hold, Token: r.Token, TTL: a.ttl, Data: a.data}
+	return l.st.write(a.key, r), nil
+}
+
+// flawedRemove deletes each of recs whose record l.deletes matches.
+func (l *simLink) flawedRemove(recs []idleRecord) int {
+	l.st.mu.Lock()
+	defer l.st.mu.Unlock()
+	n := 0
+	for _, d := range recs {
+		if r, ok := l.st.records[d.key]; ok && l.deletes(r, d) {
+			l.st.delete(d.key)
+			n++
+		}
+	}
+	return n
 }
 
 // current is the record of key when owner holds it.
@@ -333,6 +395,7 @@ type simPlan struct {
 	steps   []time.Duration // when the server's wall clock steps
 	stepBy  []time.Duration
 	prunes  []simPrune
+	late    int // how late each of the janitor's deletes arrives (simLink.lateDelete)
 }
 
 // simPrune is a Prune call by one of the Clients.
@@ -357,6 +420,13 @@ func drawSimPlan(t *rapid.T, drift float64, mode simMode) simPlan {
 		p.mode = simMode(rapid.IntRange(0, 2).Draw(t, "mode"))
 	}
 	n := rapid.IntRange(2, 6).Draw(t, "clients")
+	eager := rapid.IntRange(0, 3).Draw(t, "pruneEveryUnlock") == 0
+	// A run with a late janitor: short holds, so that many lives of the
+	// key's document come and go while a delete is on its way.
+	if rapid.Bool().Draw(t, "late") {
+		p.late = rapid.IntRange(1, 6).Draw(t, "lateDelete")
+		eager = true
+	}
 	for range n {
 		c := simClientPlan{
 			offset:  dur("offset", -6*time.Hour, 6*time.Hour),
@@ -403,13 +473,17 @@ func drawSimPlan(t *rapid.T, drift float64, mode simMode) simPlan {
 			}
 			op.crash = rapid.IntRange(0, 15).Draw(t, "crash") == 0
 			op.unlock = scale("unlockTimeout", 10*time.Millisecond, time.Second, simClientTTL)
-			op.prune = rapid.IntRange(0, 3).Draw(t, "pruneAfterUnlock") == 0
+			op.prune = eager || rapid.IntRange(0, 3).Draw(t, "pruneAfterUnlock") == 0
 			op.read = p.mode == simRW && rapid.IntRange(0, 2).Draw(t, "read") > 0
 			if rapid.IntRange(0, 3).Draw(t, "cutWhileHolding") == 0 {
 				op.cut = scale("cutFor", simClientTTL/2, simClientTTL, 3*simClientTTL)
 			}
+			if p.late > 0 {
+				op.gap = scale("lateGap", 0, time.Millisecond, 100*time.Millisecond)
+				op.hold = scale("lateHold", 0, time.Millisecond)
+			}
 			if looper {
-				op.gap, op.try, op.prune = 0, false, false
+				op.gap, op.try, op.prune = 0, false, eager
 				op.hold = scale("loopHold", 0, time.Millisecond, 10*time.Millisecond)
 			}
 			c.ops = append(c.ops, op)
@@ -429,6 +503,13 @@ func drawSimPlan(t *rapid.T, drift float64, mode simMode) simPlan {
 			client: rapid.IntRange(-1, n-1).Draw(t, "pruner"), // -1: a janitor Client with a fault-free link
 			idle:   scale("pruneIdle", 0, time.Second, simClientTTL),
 		})
+	}
+	if p.late > 0 {
+		// The janitor prunes often: its scans see states that are gone
+		// when its deletes land.
+		for at := time.Duration(0); at < simHorizon; at += simClientTTL / 5 {
+			p.prunes = append(p.prunes, simPrune{at: at, client: -1})
+		}
 	}
 	for range rapid.IntRange(0, 3).Draw(t, "serverSteps") {
 		p.steps = append(p.steps, dur("stepAt", 0, simHorizon))
@@ -471,6 +552,15 @@ type simChecker struct {
 // record: it writes nothing (acquire checks that each hold of the record
 // serves at most two Locks).
 func (k *simChecker) queueOrder(key string, before, after record) {
+	if after.Rev == 0 { // deleted (by Prune)
+		if !before.prunable() {
+			k.mu.Lock()
+			k.fail("Prune deleted %q with %d waiters, %d shared holds, owner %q, raw %v", key, len(before.Waiters), len(before.Shared), before.Owner, before.Raw)
+			k.mu.Unlock()
+		}
+		delete(k.queue, key)
+		return
+	}
 	q := k.queue[key]
 	if q == nil {
 		q = map[string]map[string]bool{}
@@ -667,7 +757,11 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 	synctest.Test(t, func(t *testing.T) {
 		k := &simChecker{mode: plan.mode, releasing: map[Token]time.Time{}, lastWrite: map[Token]time.Time{}, queue: map[string]map[string]map[string]bool{}}
 		st := newMemStore()
-		st.observe = k.queueOrder
+		var writes atomic.Int64
+		st.observe = func(key string, before, after record) {
+			writes.Add(1)
+			k.queueOrder(key, before, after)
+		}
 		start := time.Now()
 		var stepMu sync.Mutex
 		var step time.Duration
@@ -802,7 +896,11 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 		// by a janitor Client that only prunes: one goroutine calls them in
 		// turn.
 		janitor, err := newClientOn(func(*telemetry) store {
-			return &simLink{st: st, k: k, net: &network, name: "janitor", t0: start}
+			link := &simLink{st: st, k: k, net: &network, name: "janitor", t0: start, lateDelete: plan.late, writes: &writes}
+			if storeFlaw != nil {
+				storeFlaw(link)
+			}
+			return link
 		}, WithTTL(simClientTTL))
 		if err != nil {
 			k.fail("%v", err)
@@ -811,22 +909,29 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			var prunes sync.WaitGroup
 			defer janitor.Close(context.Background())
+			defer prunes.Wait()
 			var done time.Duration
 			for _, p := range slices.SortedFunc(slices.Values(plan.prunes), func(a, b simPrune) int { return cmp.Compare(a.at, b.at) }) {
 				time.Sleep(p.at - done)
 				done = p.at
-				ctx, cancel := context.WithTimeout(context.Background(), simClientTTL)
 				c := janitor
 				if p.client >= 0 {
 					c = clients[p.client]
 				}
-				_, err := c.Prune(ctx, p.idle)
-				cancel()
-				if err != nil && !errors.Is(err, ErrClosed) && !errors.Is(err, errUnreachable) && !errors.Is(err, context.DeadlineExceeded) {
-					k.mu.Lock()
-					k.fail("client %d: Prune: unexpected error %v", p.client, err)
-					k.mu.Unlock()
+				prunes.Go(func() { // late deletes overlap the next prunes
+					ctx, cancel := context.WithTimeout(context.Background(), simClientTTL)
+					_, err := c.Prune(ctx, p.idle)
+					cancel()
+					if err != nil && !errors.Is(err, ErrClosed) && !errors.Is(err, errUnreachable) && !errors.Is(err, context.DeadlineExceeded) {
+						k.mu.Lock()
+						k.fail("client %d: Prune: unexpected error %v", p.client, err)
+						k.mu.Unlock()
+					}
+				})
+				if plan.late == 0 {
+					prunes.Wait()
 				}
 			}
 		}()
@@ -1007,6 +1112,16 @@ func TestSimulationCatchesFlaws(t *testing.T) {
 		{"clocks drifting at ten times the bound", noFlaw, nil, 10 * MaxClockDrift, simMutex, 3000},
 		{"prune deletes without raising the floor", flawPruneWithoutFloor, nil, MaxClockDrift, simMutex, 3000},
 		{"lock reads the floor before creating the document", flawFloorBeforeCreate, nil, MaxClockDrift, simMutex, 3000},
+		{"prune's delete matches the revision, not the token", noFlaw, func(l *simLink) {
+			l.deletes = func(r record, d idleRecord) bool { return r.free() && len(r.Waiters) == 0 && r.Rev == d.rev }
+		}, MaxClockDrift, simMutex, 10000},
+		{"prune's delete matches neither revision nor token", noFlaw, func(l *simLink) {
+			l.deletes = func(r record, d idleRecord) bool { return r.prunable() }
+		}, MaxClockDrift, simMutex, 3000},
+		{"prune's delete ignores waiters and shared holds (RWMutex)", noFlaw, func(l *simLink) {
+			l.deletes = func(r record, d idleRecord) bool { return r.Owner == "" && !r.Raw && r.Rev == d.rev && r.Token == d.token }
+		}, MaxClockDrift, simRW, 3000},
+		{"a shared acquire joins a raw record (Semaphore)", noFlaw, func(l *simLink) { l.sharedJoinsRaw = true }, MaxClockDrift, simSem, 10000},
 		{"a Semaphore allows a permit more than n", flawSharedOverLimit, nil, MaxClockDrift, simSem, 3000},
 		{"shared holds cleared without waiting out their TTL (RWMutex)", flawReapLive, nil, MaxClockDrift, simRW, 3000},
 		{"permits cleared without waiting out their TTL (Semaphore)", flawReapLive, nil, MaxClockDrift, simSem, 3000},

@@ -165,19 +165,58 @@ type staleEntry struct {
 	stored string
 }
 
-// A stamp names one state of a record, for a takeover: its revision and
-// its token counter. The revision alone would not do: a record deleted by
-// Prune and created again starts its revisions again from 1, but its token
-// counter starts above every token it had (doc.go). The zero stamp is none.
+// A stamp names one state of a record, for a takeover: its revision, its
+// token counter and one of its holds. No value that can repeat for a key
+// is a guard on its own. The revision starts again from 1 when Prune
+// deletes a record and a Lock creates it again; so does the token counter
+// of a raw record, until it is raised above the floor (doc.go). A hold's
+// name (its owner and hold id, or a shared hold's key) never repeats, as
+// owners are unique to one Client and hold ids to one owner. The zero
+// stamp is none.
 type stamp struct {
-	rev   int64
-	token Token
+	rev    int64
+	token  Token
+	owner  string // the exclusive holder, or "" for a record of shared holds
+	hold   int64  // the exclusive holder's hold id
+	shared string // with owner "": the least key of the record's shared holds
+}
+
+// stampOf returns the stamp of r's state.
+func stampOf(r record) stamp {
+	s := stamp{rev: r.Rev, token: r.Token, owner: r.Owner, hold: r.Hold}
+	if r.Owner == "" {
+		s.hold = 0
+		for hk := range r.Shared {
+			if s.shared == "" || hk < s.shared {
+				s.shared = hk
+			}
+		}
+	}
+	return s
 }
 
 // at reports whether r is in state s.
-func (r record) at(s stamp) bool { return s.rev != 0 && r.Rev == s.rev && r.Token == s.token }
+func (r record) at(s stamp) bool {
+	if s.rev == 0 || r.Rev != s.rev || r.Token != s.token || r.Owner != s.owner {
+		return false
+	}
+	if s.owner != "" {
+		return r.Hold == s.hold
+	}
+	_, ok := r.Shared[s.shared]
+	return s.shared == "" || ok
+}
 
-// idleRecord is a record that Prune may delete.
+// prunable reports whether Prune may delete r: nobody holds it or waits
+// for it, and its token was raised above the floor (a raw record's token
+// counter may repeat one that an earlier record of its key had).
+func (r record) prunable() bool { return r.free() && len(r.Waiters) == 0 && !r.Raw }
+
+// idleRecord is a record that Prune may delete: its key, and its state
+// when read, which the delete matches. Revision and token together: the
+// revision starts again when the record is created anew, the token of a
+// record that is not raw never does (doc.go).
+
 type idleRecord struct {
 	key   string
 	token Token
@@ -299,13 +338,13 @@ type store interface {
 	// when that is above already) and marks its record raised; errNotOwner
 	// when a no longer holds the key.
 	raise(ctx context.Context, a attempt, floor Token) (record, error)
-	// idle returns up to limit records that are free and were last written
+	// idle returns up to limit records that are prunable and were last written
 	// no later than cutoff by the server's clock.
 	idle(ctx context.Context, cutoff time.Time, limit int) ([]idleRecord, error)
 	// raiseFloor raises the floor to at least t.
 	raiseFloor(ctx context.Context, t Token) error
-	// remove deletes each of recs that is still free at the same revision,
-	// in one write command (or a few, as extend), and returns how many it
+	// remove deletes each of recs that is still prunable at the same
+	// revision and token, in one write command (or a few, as extend), and returns how many it
 	// deleted.
 	remove(ctx context.Context, recs []idleRecord) (int, error)
 	// register records attempt a as waiting for the exclusive hold of its

@@ -29,9 +29,10 @@ type memStore struct {
 	records  map[string]record // guarded by mu
 	floorTok Token             // guarded by mu: the floor (see doc.go)
 
-	// observe, when set, is told of every write, with mu held: before is
-	// key's record as it was (the zero record if it had none), after as
-	// written; it must not change them. Tests set it before the store is
+	// observe, when set, is told of every write and delete, with mu held:
+	// before is key's record as it was (the zero record if it had none),
+	// after as written (the zero record for a delete); it must not change
+	// them. Tests set it before the store is
 	// used, to check each step.
 	observe func(key string, before, after record)
 }
@@ -58,6 +59,15 @@ func (s *memStore) write(key string, r record) record {
 		s.observe(key, before, r)
 	}
 	return r.clone()
+}
+
+// delete removes key's record; s.mu is held.
+func (s *memStore) delete(key string) {
+	before := s.records[key]
+	delete(s.records, key)
+	if s.observe != nil {
+		s.observe(key, before, record{})
+	}
 }
 
 // get returns a copy of key's record that the caller may change and write.
@@ -240,7 +250,7 @@ func (s *memStore) idle(ctx context.Context, cutoff time.Time, limit int) ([]idl
 		if len(recs) == limit {
 			break
 		}
-		if r.free() && len(r.Waiters) == 0 && !r.At.After(cutoff) {
+		if r.prunable() && !r.At.After(cutoff) {
 			recs = append(recs, idleRecord{key: key, token: r.Token, rev: r.Rev})
 		}
 	}
@@ -265,8 +275,8 @@ func (s *memStore) remove(ctx context.Context, recs []idleRecord) (int, error) {
 	defer s.mu.Unlock()
 	n := 0
 	for _, d := range recs {
-		if r, ok := s.records[d.key]; ok && r.free() && len(r.Waiters) == 0 && r.Rev == d.rev {
-			delete(s.records, d.key)
+		if r, ok := s.records[d.key]; ok && r.prunable() && r.Rev == d.rev && r.Token == d.token {
+			s.delete(d.key)
 			n++
 		}
 	}

@@ -310,7 +310,7 @@ func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover stamp) (re
 	}
 	or := bson.A{free, ours}
 	if takeover.rev != 0 {
-		or = append(or, append(bson.D{{Key: fRev, Value: takeover.rev}, {Key: fToken, Value: int64(takeover.token)}}, queueGate(a)...))
+		or = append(or, append(stampFilter(takeover), queueGate(a)...))
 	}
 	filter := bson.D{{Key: "_id", Value: a.key}, kindFilter(a.kind), {Key: "$or", Value: or}}
 	tokens := int64(1)
@@ -346,8 +346,18 @@ func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover stamp) (re
 	return s.upsert(ctx, a.key, filter, update)
 }
 
-// upsert sends an acquire: the record after it, or errHeld when the record
-// exists and the filter did not match it.
+// stampFilter matches a record in state s (record.at).
+func stampFilter(s stamp) bson.D {
+	f := bson.D{{Key: fRev, Value: s.rev}, {Key: fToken, Value: int64(s.token)}, {Key: fOwner, Value: s.owner}}
+	switch {
+	case s.owner != "":
+		f = append(f, bson.E{Key: fHold, Value: s.hold})
+	case s.shared != "":
+		f = append(f, bson.E{Key: path(fH, s.shared), Value: bson.D{{Key: "$exists", Value: true}}})
+	}
+	return f
+}
+
 // queueGate is the condition on the registered waiters under which
 // attempt a may take a free key (or take one over): none registered, or,
 // for a registered waiter, its registration still there and every waiter
@@ -435,7 +445,7 @@ func (s *mongoStore) reap(ctx context.Context, key string, at stamp, stale []sta
 	filter := bson.D{{Key: "_id", Value: key}}
 	var update bson.D
 	if at.rev != 0 {
-		filter = append(filter, bson.E{Key: fRev, Value: at.rev}, bson.E{Key: fToken, Value: int64(at.token)})
+		filter = append(filter, stampFilter(at)...)
 		update = bson.D{
 			{Key: "$set", Value: bson.D{{Key: fOwner, Value: ""}, {Key: fH, Value: bson.D{}}, {Key: fN, Value: 0}}},
 			{Key: "$unset", Value: bson.D{{Key: fData, Value: ""}}},
@@ -721,7 +731,7 @@ func (s *mongoStore) raise(ctx context.Context, a attempt, floor Token) (record,
 
 func (s *mongoStore) idle(ctx context.Context, cutoff time.Time, limit int) ([]idleRecord, error) {
 	s.counted(ctx, 1)
-	cur, err := s.coll.Find(ctx, bson.D{{Key: fOwner, Value: ""}, {Key: fN, Value: notPositive}, {Key: fW, Value: emptyOrNone}, {Key: fAt, Value: bson.D{{Key: "$lte", Value: cutoff}}}},
+	cur, err := s.coll.Find(ctx, append(prunable(), bson.E{Key: fAt, Value: bson.D{{Key: "$lte", Value: cutoff}}}),
 		options.Find().SetProjection(bson.D{{Key: fToken, Value: 1}, {Key: fRev, Value: 1}}).SetLimit(int64(limit)))
 	if err != nil {
 		return nil, fmt.Errorf("dlock: find idle keys: %w", err)
@@ -758,13 +768,19 @@ func (s *mongoStore) raiseFloor(ctx context.Context, t Token) error {
 	}
 }
 
+// prunable matches a record that Prune may delete (record.prunable).
+func prunable() bson.D {
+	return bson.D{{Key: fOwner, Value: ""}, {Key: fN, Value: notPositive}, {Key: fW, Value: emptyOrNone}, {Key: fRaw, Value: bson.D{{Key: "$exists", Value: false}}}}
+}
+
 func (s *mongoStore) remove(ctx context.Context, recs []idleRecord) (int, error) {
 	if len(recs) == 0 {
 		return 0, nil
 	}
 	models := make([]mongo.WriteModel, len(recs))
 	for i, d := range recs {
-		models[i] = mongo.NewDeleteOneModel().SetFilter(bson.D{{Key: "_id", Value: d.key}, {Key: fOwner, Value: ""}, {Key: fRev, Value: d.rev}})
+		filter := append(bson.D{{Key: "_id", Value: d.key}, {Key: fRev, Value: d.rev}, {Key: fToken, Value: int64(d.token)}}, prunable()...)
+		models[i] = mongo.NewDeleteOneModel().SetFilter(filter)
 	}
 	n, err := s.bulkWrite(ctx, models)
 	if err != nil {
