@@ -223,3 +223,104 @@ func TestRawDocumentTakenOver(t *testing.T) {
 		require.NoError(t, m1.Unlock(ctx))
 	})
 }
+
+// lateRemove holds each of Prune's deletes until release closes: a delete
+// that reaches the server long after its scan.
+type lateRemove struct {
+	store
+	sent chan struct{} // closed when the first delete is held
+	free chan struct{} // closed to let the deletes through
+	once sync.Once
+}
+
+func (s *lateRemove) remove(ctx context.Context, recs []idleRecord) (int, error) {
+	s.once.Do(func() { close(s.sent) })
+	<-s.free
+	return s.store.remove(ctx, recs)
+}
+
+// latePruner returns a Client whose Prune scans now and deletes when the
+// returned release is called, and the channel of that Prune's result.
+func latePruner(t *testing.T, sp space) (release func() (int, error)) {
+	t.Helper()
+	late := &lateRemove{sent: make(chan struct{}), free: make(chan struct{})}
+	p := sp.client(t, withStoreWrapper(func(s store) store { late.store = s; return late }))
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := p.Prune(context.Background(), 0)
+		done <- result{n, err}
+	}()
+	<-late.sent
+	return func() (int, error) {
+		close(late.free)
+		r := <-done
+		return r.n, r.err
+	}
+}
+
+// A Prune whose delete arrives after another Prune deleted the document
+// and a Lock created it anew does not delete the new one: the new one's
+// revision may be the same, its token is not. Otherwise the next Lock
+// would get the new document's token again.
+func TestPruneLateDeleteAfterRecreation(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, sp space) {
+		ctx := context.Background()
+		c := sp.client(t)
+		m := c.NewMutex("k")
+		require.NoError(t, m.Lock(ctx))
+		require.NoError(t, m.Unlock(ctx))
+		old := sp.read(t, "k")
+
+		release := latePruner(t, sp) // scanned k as old, its delete held
+		n, err := c.Prune(ctx, 0)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.NoError(t, m.Lock(ctx))
+		second := m.Lease().Token()
+		require.NoError(t, m.Unlock(ctx))
+		require.Equal(t, old.Rev, sp.read(t, "k").Rev, "the new document is at the old one's revision")
+
+		n, err = release()
+		require.NoError(t, err)
+		assert.Zero(t, n, "the late delete matched the new document")
+		require.NoError(t, m.Lock(ctx))
+		assert.Greater(t, m.Lease().Token(), second, "a token repeated")
+		require.NoError(t, m.Unlock(ctx))
+	})
+}
+
+// A Prune whose delete arrives after a waiter registered on the document,
+// or a reader took a shared hold of it, does not delete it: the waiter
+// keeps its place and a writer does not hold beside the reader.
+func TestPruneLateDeleteOfBusyDocument(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, sp space) {
+		ctx := context.Background()
+		c, other := sp.client(t), sp.client(t)
+		m := c.NewMutex("k")
+		require.NoError(t, m.Lock(ctx))
+		require.NoError(t, m.Unlock(ctx))
+		release := latePruner(t, sp)
+		a := attempt{key: "k", owner: "waiter", hold: 1, ttl: time.Minute}
+		_, err := c.store.register(ctx, a)
+		require.NoError(t, err)
+		n, err := release()
+		require.NoError(t, err)
+		assert.Zero(t, n)
+		assert.Contains(t, sp.read(t, "k").Waiters, a.holdKey(), "the waiter lost its place")
+
+		rw := c.NewRWMutex("rw")
+		require.NoError(t, rw.Lock(ctx))
+		require.NoError(t, rw.Unlock(ctx))
+		release = latePruner(t, sp)
+		require.NoError(t, rw.RLock(ctx))
+		n, err = release()
+		require.NoError(t, err)
+		assert.Zero(t, n)
+		assert.ErrorIs(t, other.NewRWMutex("rw").TryLock(ctx), ErrLocked, "a writer holds beside a reader")
+		require.NoError(t, rw.RUnlock(ctx))
+	})
+}
