@@ -1119,7 +1119,9 @@ func TestSimulationCatchesFlaws(t *testing.T) {
 			l.deletes = func(r record, d idleRecord) bool { return r.prunable() }
 		}, MaxClockDrift, simMutex, 3000},
 		{"prune's delete ignores waiters and shared holds (RWMutex)", noFlaw, func(l *simLink) {
-			l.deletes = func(r record, d idleRecord) bool { return r.Owner == "" && !r.Raw && r.Rev == d.rev && r.Token == d.token }
+			l.deletes = func(r record, d idleRecord) bool {
+				return r.Owner == "" && !r.Raw && r.Rev == d.rev && r.Token == d.token
+			}
 		}, MaxClockDrift, simRW, 3000},
 		{"a shared acquire joins a raw record (Semaphore)", noFlaw, func(l *simLink) { l.sharedJoinsRaw = true }, MaxClockDrift, simSem, 10000},
 		{"a Semaphore allows a permit more than n", flawSharedOverLimit, nil, MaxClockDrift, simSem, 3000},
