@@ -123,7 +123,11 @@ func TestTelemetryLockSpans(t *testing.T) {
 		<-observed
 	}
 	go func() { done <- m.Lock(pctx) }()
-	<-observed
+	select {
+	case <-observed:
+	case err := <-done: // waiting for a read would hang the test
+		t.Fatalf("the Lock returned (%v) before reading the key", err)
+	}
 	require.NoError(t, holder.Close(ctx))
 	require.NoError(t, <-done)
 	require.NoError(t, m.Unlock(pctx))
