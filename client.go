@@ -123,9 +123,7 @@ func newClientOn(newStore func(*telemetry) store, opts ...Option) (*Client, erro
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if cfg.owner == "" {
-		cfg.owner = randomOwner()
-	}
+	cfg.owner = identity(cfg.owner)
 	tel, err := newTelemetry(&cfg)
 	if err != nil {
 		return nil, fmt.Errorf("dlock: telemetry: %w", err)
@@ -151,7 +149,11 @@ func newClientOn(newStore func(*telemetry) store, opts ...Option) (*Client, erro
 	return c, nil
 }
 
-// Owner returns the Client's owner identity, as stored in the locks it holds.
+// Owner returns the Client's owner identity, as stored in the locks it
+// holds: the label given with [WithOwner], "#" and 128 random bits in
+// hex, or, without WithOwner, the random bits alone. It is unique to the
+// Client, so no other Client, whatever its label, can extend, release or
+// take back as its own a hold of this one.
 func (c *Client) Owner() string { return c.owner }
 
 // NewMutex returns a Mutex for key. Options given here override the

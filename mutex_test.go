@@ -595,3 +595,22 @@ func TestConcurrentFirstLocks(t *testing.T) {
 		}
 	})
 }
+
+// Two Clients given the same WithOwner label are two owners: the second
+// does not take the first's live hold as its own abandoned one, and cannot
+// release it.
+func TestSameOwnerLabelTwoClients(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, sp space) {
+		ctx := context.Background()
+		a, b := sp.client(t, WithOwner("web-1")), sp.client(t, WithOwner("web-1"))
+		require.NotEqual(t, a.Owner(), b.Owner())
+		assert.True(t, strings.HasPrefix(a.Owner(), "web-1#"), "the label leads the identity: %q", a.Owner())
+		ma := a.NewMutex("k")
+		require.NoError(t, ma.Lock(ctx))
+		assert.ErrorIs(t, b.NewMutex("k").TryLock(ctx), ErrLocked, "b took a's live hold")
+		err := b.store.release(ctx, leaseRef{key: "k", owner: b.Owner(), token: ma.Lease().Token(), hold: ma.Lease().hold})
+		assert.ErrorIs(t, err, errNotOwner, "b released a's hold")
+		assert.NoError(t, ma.Lease().Err())
+		require.NoError(t, ma.Unlock(ctx))
+	})
+}

@@ -187,16 +187,19 @@ func WithBackoff(min, max time.Duration) Option {
 	})
 }
 
-// MaxOwnerLen is the longest owner, in bytes, that [WithOwner] accepts.
-// The owner is written with every hold and registration the Client makes,
-// so it is bounded as a key is, and tighter: a host name, a process id and
-// 128 random bits in hex take about 100.
+// MaxOwnerLen is the longest owner label, in bytes, that [WithOwner]
+// accepts. The owner identity (the label and 33 bytes more) is written
+// with every hold and registration the Client makes, so it is bounded as
+// a key is, and tighter: a host name and a process id take about 70.
 const MaxOwnerLen = 256
 
-// WithOwner sets the Client's owner identity, stored in every lock it holds.
-// The store treats all holds of one identity as one owner, so the identity
-// must be unique to one live Client and hard to guess: release and extension
-// are conditional on it. The default is 128 random bits in hex. Client only.
+// WithOwner sets a label for the Client's owner identity, shown wherever
+// the holder of a key is shown ([Client.Holders], the dlock command's
+// status, telemetry): a host name or a service's name, say. The identity
+// stored in every lock the Client holds is the label, "#", and 128 random
+// bits in hex ([Client.Owner]), so two Clients given the same label are
+// still two owners: neither takes, extends or releases the other's holds.
+// The default is the random bits alone. Client only.
 //
 // id must not be empty, must be valid UTF-8 without NUL bytes (as a key),
 // and at most [MaxOwnerLen] bytes long; otherwise [NewClient] returns an
@@ -382,6 +385,15 @@ func (c *config) every() time.Duration {
 		return c.extendEvery
 	}
 	return c.ttl / 3
+}
+
+// identity returns the owner identity of a Client given label ("" for
+// none): unique to the Client, whatever the label (see WithOwner).
+func identity(label string) string {
+	if label == "" {
+		return randomOwner()
+	}
+	return label + "#" + randomOwner()
 }
 
 func randomOwner() string {

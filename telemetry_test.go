@@ -258,6 +258,6 @@ func TestTelemetryHeldNamesEachHolder(t *testing.T) {
 				}
 			}
 		}
-		assert.Equal(t, []string{"A", "B", "C"}, seen)
+		assert.Equal(t, []string{holders[0].Owner(), holders[1].Owner(), holders[2].Owner()}, seen)
 	})
 }
