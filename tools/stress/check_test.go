@@ -133,6 +133,9 @@ func checkTakeovers(events []event, r *report) {
 			if holds[e.Key] == nil {
 				holds[e.Key] = map[uint64]*hold{}
 			}
+			if o := holds[e.Key][e.Tok]; o != nil { // pruning must not let a token come back
+				r.violations = append(r.violations, fmt.Sprintf("%s: token %d handed out twice: process %d at %d, process %d at %d", e.Key, e.Tok, o.p, o.acquired, e.P, e.T))
+			}
 			holds[e.Key][e.Tok] = h
 		case opLost:
 			r.lost++

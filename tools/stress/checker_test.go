@@ -196,6 +196,10 @@ func testCheckerTakeovers(t *testing.T) {
 		{"taken over with no loss seen", history(10), true, nil},
 		{"released after the takeover, no loss seen", history(10, released(1005)), true, nil},
 		{"killed while holding", history(10, killed(500)), false, nil},
+		{"a token handed out twice", []event{
+			{P: 1, Op: opAcquired, Key: "j", Tok: 5, T: 0}, {P: 1, Op: opRelease, Key: "j", Tok: 5, T: 10},
+			{P: 2, Op: opAcquired, Key: "j", Tok: 5, T: 20}, {P: 2, Op: opRelease, Key: "j", Tok: 5, T: 30},
+		}, true, nil},
 		{"killed after the takeover, no loss seen", history(10, killed(1005)), true, nil},
 		{"frozen over the takeover, no loss seen", history(10, frozen(500, 2000)...), false, nil},
 		{"frozen after the takeover, no loss seen", history(10, frozen(1005, 2505)...), true, nil},

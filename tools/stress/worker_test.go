@@ -140,6 +140,8 @@ func runWorker() error {
 		return err
 	}
 	defer c.Close(context.Background())
+	stop := prune(c, until)
+	defer stop()
 	data := db.Collection("data")
 	shared := os.Getenv(envShare) == "1"
 	seq := 0
@@ -250,6 +252,28 @@ func runWorker() error {
 		undo()
 	}
 	return nil
+}
+
+// prune runs Prune with idle 0 at random moments, every 50 ms on average,
+// beside the worker's Locks, until the time until or stop: the deletes of
+// freed keys race other workers' Locks, and reach the server through the
+// worker's faults. The checks catch a token handed out twice.
+func prune(c *dlock.Client, until int64) (stop func()) {
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for now() < until {
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Duration(rand.IntN(100)) * time.Millisecond):
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), ttl)
+			c.Prune(ctx, 0) // errors (faults, a restarted server) only end this round
+			cancel()
+		}
+	}()
+	return func() { close(done); <-stopped }
 }
 
 // A holder is how a worker takes and gives back a hold of its key.
