@@ -18,8 +18,12 @@ const pruneBatch = 256
 // raises the collection's floor (one more document, never deleted) to at
 // least its token, and the next hold of a pruned key gets a token above
 // the floor, so above every token the key had. It is safe to run from any
-// number of Clients at once, while others lock the keys it prunes: a
-// document written after Prune read it is not deleted.
+// number of Clients at once, while others lock the keys it prunes: its
+// delete, however late it arrives, removes a document only if it is still
+// in the state Prune read (the same revision and token, free, no waiter
+// registered), so neither a document written since nor one created anew
+// after another Prune deleted it is deleted. A document whose token has
+// not yet been raised above the floor is not deleted either.
 //
 // idle may be 0; a negative idle is an [ErrInvalidOption]. The idle rule
 // compares two readings of the server's clock (a document's last-write
