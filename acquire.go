@@ -536,6 +536,13 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 				err = c.view(cl, a, r, &ew, &q)
 			}
 			if err == nil {
+				// Name the holder whatever the read leads to (a reap, a rushed
+				// attempt): the next read may come after the key changed hands.
+				if events < maxHeldEvents && tracing && r.Owner != "" && (r.Owner != holder.Owner || r.Token != holder.Token) {
+					c.tel.heldBy(ctx, r)
+					holder = r
+					events++
+				}
 				if stale := ew.due(c.clock.Now()); len(stale) > 0 {
 					// Waiters ahead, or readers, that stopped extending: clear them, then go on.
 					if ok, rerr := c.store.reap(ctx, a.key, stamp{}, stale); rerr == nil && ok {
@@ -546,11 +553,6 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 				if q.head() && (r.free() || w.takeover(c.clock.Now()).rev != 0) {
 					rushed = true
 					continue // freed meanwhile, a hold of ours no call uses, or due
-				}
-				if events < maxHeldEvents && tracing && r.Owner != "" && (r.Owner != holder.Owner || r.Token != holder.Token) {
-					c.tel.heldBy(ctx, r)
-					holder = r
-					events++
 				}
 				sight(r, sent)
 			}

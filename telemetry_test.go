@@ -2,6 +2,7 @@ package dlock
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -259,5 +260,61 @@ func TestTelemetryHeldNamesEachHolder(t *testing.T) {
 			}
 		}
 		assert.Equal(t, []string{holders[0].Owner(), holders[1].Owner(), holders[2].Owner()}, seen)
+	})
+}
+
+// A traced wait's read that shows the holder names it, also when the same
+// read finds a registration of this Client's that no call uses (a
+// cancelled Lock's, whose removal is still on its way) and clears it: the
+// holder may let go before the wait reads again.
+func TestTelemetryHeldNamedByReapingRead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rig := newTelemetryRig()
+		st := newMemStore()
+		ctx := context.Background()
+		holder, _ := memClient(t, st, WithOwner("holder"))
+		c, h := memClient(t, st, append(rig.opts, WithBackoff(time.Millisecond, 5*time.Millisecond))...)
+		hm := holder.NewMutex("k")
+		require.NoError(t, hm.Lock(ctx))
+
+		// A wait that registers and gives up; its registration's removal
+		// lands only after the next wait's read has cleared it.
+		reaped, gone := make(chan struct{}), make(chan struct{})
+		h.on("release", func(ctx context.Context, call func() error) error {
+			select {
+			case <-reaped:
+			case <-ctx.Done():
+			}
+			return call()
+		})
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+		require.ErrorIs(t, c.NewMutex("k").Lock(cctx), context.DeadlineExceeded)
+		cancel()
+		var once sync.Once
+		h.on("reap", func(_ context.Context, call func() error) error {
+			err := call()
+			once.Do(func() { close(reaped) })
+			<-gone // the holder lets go before the wait's next command
+			return err
+		})
+
+		done := make(chan error)
+		go func() { done <- c.NewMutex("k").Lock(ctx) }()
+		synctest.Wait() // in the reap
+		require.NoError(t, hm.Unlock(ctx))
+		close(gone)
+		require.NoError(t, <-done)
+
+		locks := rig.ended("dlock.Lock")
+		require.Len(t, locks, 2)
+		var named []string
+		for _, e := range locks[1].Events() {
+			for _, kv := range e.Attributes {
+				if kv.Key == attrHolderOwner {
+					named = append(named, kv.Value.AsString())
+				}
+			}
+		}
+		assert.Equal(t, []string{holder.Owner()}, named, "the wait names the holder")
 	})
 }
