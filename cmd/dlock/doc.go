@@ -132,7 +132,10 @@
 // COMMAND (as a shell reports it), except:
 //
 //	64   bad usage: an unknown flag, a bad value, a missing KEY, "--" or
-//	     COMMAND, an invalid key (empty, over 1024 bytes, not UTF-8, NUL)
+//	     COMMAND, an invalid key (empty, over 1024 bytes, not UTF-8, NUL),
+//	     or a key used by another kind of lock (run on an election's NAME,
+//	     or on a key another program uses as an RWMutex or a Semaphore;
+//	     elect on a lock's KEY): no retry mends these
 //	69   could not reach the server within -connect-timeout, or it failed
 //	75   KEY is held: -try found it held, or -timeout passed (elect:
 //	     another process still led); COMMAND did not run

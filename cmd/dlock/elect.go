@@ -21,9 +21,10 @@ SIGTERM to COMMAND's process group, SIGKILL after -grace, and exits with
 status 124. SIGINT and SIGTERM sent to elect are passed on to COMMAND's
 process group.
 
-Exit status: COMMAND's (128+N if a signal N killed it); 64 bad usage;
-69 could not reach the server; 75 -timeout passed before this process led;
-124 leadership was lost; 126 COMMAND could not be run; 127 COMMAND not found.`
+Exit status: COMMAND's (128+N if a signal N killed it); 64 bad usage (or
+NAME used by a lock); 69 could not reach the server; 75 -timeout passed
+before this process led; 124 leadership was lost; 126 COMMAND could not be
+run; 127 COMMAND not found.`
 
 func electMain(sub *subcommand, args []string) int {
 	var f runFlags

@@ -606,3 +606,35 @@ func TestElectTakesTurns(t *testing.T) {
 	require.Equal(t, 0, status, "B: %q", stderr)
 	assert.Equal(t, []string{"A-start-1", "A-end", "B-start-2", "B-end"}, readLog(t, log))
 }
+
+// A key used by another kind of primitive is a usage error, which no
+// retry mends: status 64, at once, not 69.
+func TestKindMismatch(t *testing.T) {
+	coll := collection(t)
+	other := newClient(t, coll)
+	ctx := context.Background()
+	_, err := other.NewElection("leader").Campaign(ctx, "db1:5432")
+	require.NoError(t, err)
+	require.NoError(t, other.NewMutex("job").Lock(ctx))
+	require.NoError(t, other.NewRWMutex("table").RLock(ctx))
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		stderr string
+	}{
+		{name: "run on an election", args: runArgs(coll, "leader", "--", "true"),
+			stderr: `"leader" is used as an Election, not as a Mutex`},
+		{name: "run on an RWMutex", args: runArgs(coll, "-timeout", "10s", "table", "--", "true"),
+			stderr: `"table" is used as an RWMutex, not as a Mutex`},
+		{name: "elect on a lock", args: electArgs(coll, "job", "db2:5432", "--", "true"),
+			stderr: `"job" is used as a Mutex, not as an Election`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, stdout, stderr := dlockRun(t, nil, tc.args...)
+			assert.Equal(t, exitUsage, status)
+			assert.Empty(t, stdout)
+			requireOneLine(t, stderr, tc.stderr)
+			assert.Contains(t, stderr[0], "key used by another kind of lock")
+		})
+	}
+}

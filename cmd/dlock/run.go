@@ -30,9 +30,10 @@ for a TTL, this process was frozen, or -max-hold passed), run sends SIGTERM
 to COMMAND's process group, SIGKILL after -grace, and exits with status 124.
 SIGINT and SIGTERM sent to run are passed on to COMMAND's process group.
 
-Exit status: COMMAND's (128+N if a signal N killed it); 64 bad usage;
-69 could not reach the server; 75 KEY held (-try, or -timeout passed);
-124 the lease was lost; 126 COMMAND could not be run; 127 COMMAND not found.`
+Exit status: COMMAND's (128+N if a signal N killed it); 64 bad usage (or KEY
+used by another kind of lock); 69 could not reach the server; 75 KEY held
+(-try, or -timeout passed); 124 the lease was lost; 126 COMMAND could not be
+run; 127 COMMAND not found.`
 
 // runFlags are the settings of one "dlock run".
 type runFlags struct {
@@ -172,7 +173,8 @@ func (r *runner) acquire(ctx context.Context) int {
 		return failf(exitHeld, "dlock %s: %q is held by another owner (-try)", r.verb, r.key)
 	case errors.Is(err, context.DeadlineExceeded) && wait.Err() != nil:
 		return failf(exitHeld, "dlock %s: %q not acquired within -timeout %v", r.verb, r.key, r.flags.timeout)
-	case errors.Is(err, dlock.ErrInvalidKey), errors.Is(err, dlock.ErrInvalidOption):
+	case errors.Is(err, dlock.ErrInvalidKey), errors.Is(err, dlock.ErrInvalidOption),
+		errors.Is(err, dlock.ErrKindMismatch): // no retry mends these
 		return failf(exitUsage, "dlock %s: %s", r.verb, errorText(err))
 	default:
 		return failf(exitUnavailable, "dlock %s: %s", r.verb, errorText(err))
@@ -183,7 +185,8 @@ func (r *runner) acquire(ctx context.Context) int {
 func (r *runner) lock(wait context.Context) error {
 	mu := r.client.NewMutex(r.key)
 	err := mu.TryLock(wait)
-	if err != nil && !r.flags.try && !errors.Is(err, dlock.ErrInvalidKey) && wait.Err() == nil {
+	if err != nil && !r.flags.try && wait.Err() == nil &&
+		!errors.Is(err, dlock.ErrInvalidKey) && !errors.Is(err, dlock.ErrKindMismatch) {
 		if errors.Is(err, dlock.ErrLocked) && r.flags.verbose {
 			fmt.Fprintf(os.Stderr, "dlock run: %q is held; waiting\n", r.key)
 		}
