@@ -44,9 +44,9 @@
 // documentation).
 //
 // COMMAND runs in a process group of its own, as under timeout(1), so that
-// these signals reach whatever COMMAND started; SIGINT and SIGTERM sent to
-// run are passed on to that group (a Ctrl-C at a terminal reaches COMMAND
-// through run, once). A COMMAND in its own group cannot read from the
+// these signals reach whatever COMMAND started, and so do the signals run
+// passes on (a Ctrl-C at a terminal reaches COMMAND through run, once; see
+// Signals below). A COMMAND in its own group cannot read from the
 // terminal. What COMMAND leaves running in the background when it exits is
 // not stopped, unless the lease was lost.
 //
@@ -126,6 +126,42 @@
 // free, 64 on bad usage and 69 when the server cannot be reached. Flags:
 // -uri, -db, -collection, -connect-timeout as for run, and -json.
 //
+// # Signals
+//
+// Run and elect pass SIGHUP, SIGINT, SIGQUIT and SIGTERM on to COMMAND's
+// process group: the signals that ask a process to end, which timeout(1)
+// passes on as well (a closed terminal or ssh session sends SIGHUP, Ctrl-C
+// SIGINT, Ctrl-\ SIGQUIT). They do not end run: it waits for COMMAND to
+// exit, holding KEY meanwhile, then releases KEY and exits with COMMAND's
+// status; a COMMAND that ignores them runs on, under the lock. While run
+// waits for KEY (elect campaigns), they end the wait: COMMAND does not run,
+// and the status is 128+N. SIGUSR1 and SIGUSR2 are passed on to COMMAND's
+// group as well, for a COMMAND that reloads or reopens its logs on them,
+// and ignored while run waits. SIGPIPE does not end run: a write to a
+// closed standard output or error fails, and run carries on.
+//
+// SIGKILL cannot be caught. On Linux and FreeBSD, run has the kernel send
+// COMMAND SIGKILL when run dies, so that a run killed by SIGKILL, by the
+// OOM killer, or by a signal it does not catch (SIGABRT) takes COMMAND
+// with it. What that leaves, where a process can run on after run has
+// stopped extending the lease:
+//
+//   - On other systems (macOS, OpenBSD, Windows), a run killed that way
+//     leaves COMMAND running.
+//   - The kernel's SIGKILL reaches COMMAND alone, not the processes it
+//     started: the command a shell script is running runs on. A script
+//     should exec its last command, which then is COMMAND.
+//   - A set-user-ID or set-group-ID COMMAND (sudo) loses the kernel's
+//     SIGKILL as it starts.
+//   - A process that COMMAND puts in a process group or session of its own
+//     (setsid, a daemon) gets none of the signals run sends.
+//   - SIGSTOP and SIGTSTP (Ctrl-Z) stop run alone: COMMAND runs on while
+//     the lease is not extended, as under a frozen run, until run resumes
+//     and stops it for the lost lease.
+//
+// Others can take KEY a TTL after run's last extension, while such a
+// process still runs: fence what it writes with DLOCK_TOKEN.
+//
 // # Exit status
 //
 // Run and elect exit with COMMAND's status, or 128+N when signal N killed
@@ -143,7 +179,8 @@
 //	     COMMAND was stopped
 //	126  COMMAND could not be run
 //	127  COMMAND was not found
-//	130, 143  run or elect got SIGINT or SIGTERM while waiting (128+N)
+//	129, 130, 131, 143  run or elect got SIGHUP, SIGINT, SIGQUIT or
+//	     SIGTERM while waiting for KEY (128+N)
 //
 // Errors are one line on standard error, starting "dlock".
 //

@@ -18,13 +18,15 @@ data.
 If leadership is lost while COMMAND runs (the server could not be reached
 for a TTL, this process was frozen, or -max-hold passed), elect sends
 SIGTERM to COMMAND's process group, SIGKILL after -grace, and exits with
-status 124. SIGINT and SIGTERM sent to elect are passed on to COMMAND's
-process group.
+status 124. Signals sent to elect are handled as by run: SIGHUP, SIGINT,
+SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 are passed on to COMMAND's process
+group, the first four also end the campaign, and on Linux and FreeBSD
+COMMAND gets SIGKILL if elect is killed.
 
 Exit status: COMMAND's (128+N if a signal N killed it); 64 bad usage (or
 NAME used by a lock); 69 could not reach the server; 75 -timeout passed
 before this process led; 124 leadership was lost; 126 COMMAND could not be
-run; 127 COMMAND not found.`
+run; 127 COMMAND not found; 128+N signal N ended the campaign.`
 
 func electMain(sub *subcommand, args []string) int {
 	var f runFlags

@@ -607,6 +607,56 @@ func TestElectTakesTurns(t *testing.T) {
 	assert.Equal(t, []string{"A-start-1", "A-end", "B-start-2", "B-end"}, readLog(t, log))
 }
 
+// Every signal that asks a process to end, or means something to COMMAND
+// alone, reaches COMMAND's process group; COMMAND ends, dlock exits with
+// its status and releases the key. SIGHUP and SIGQUIT also end a wait for
+// the key, as SIGINT and SIGTERM do.
+func TestRunForwardsEverySignal(t *testing.T) {
+	for _, tc := range []struct {
+		name string // as trap(1) spells it
+		sig  syscall.Signal
+		stop bool // ends a wait for the key
+	}{
+		{name: "HUP", sig: syscall.SIGHUP, stop: true},
+		{name: "INT", sig: syscall.SIGINT, stop: true},
+		{name: "QUIT", sig: syscall.SIGQUIT, stop: true},
+		{name: "TERM", sig: syscall.SIGTERM, stop: true},
+		{name: "USR1", sig: syscall.SIGUSR1},
+		{name: "USR2", sig: syscall.SIGUSR2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			coll := collection(t)
+			log := filepath.Join(t.TempDir(), "log")
+			// The trap ends the background sleep too: a non-interactive
+			// shell starts it with SIGINT and SIGQUIT ignored, and a signal
+			// the shell traps is lost if it comes before the sleep starts.
+			script := fmt.Sprintf(`trap 'echo %[1]s >>"$LOG"; kill -KILL $! 2>/dev/null; exit 5' %[1]s; echo started; sleep 60 & wait`, tc.name)
+			p := start(t, []string{"LOG=" + log}, runArgs(coll, "k", "--", "sh", "-c", script)...)
+			require.Equal(t, "started", line(t, p.stdout, "COMMAND started"))
+			require.NoError(t, p.cmd.Process.Signal(tc.sig))
+			status, _, stderr := p.wait(t)
+			assert.Equal(t, 5, status, "stderr: %q", stderr)
+			assert.Equal(t, []string{tc.name}, readLog(t, log))
+			m := newClient(t, coll).NewMutex("k")
+			require.NoError(t, m.TryLock(context.Background()), "dlock did not release the key")
+			require.NoError(t, m.Unlock(context.Background()))
+			if !tc.stop {
+				return
+			}
+
+			a := holder(t, coll, "k", "A", log)
+			b := start(t, nil, runArgs(coll, "-v", "k", "--", "true")...)
+			line(t, b.stderr, "B waiting")
+			require.NoError(t, b.cmd.Process.Signal(tc.sig))
+			status, _, stderr = b.wait(t)
+			assert.Equal(t, 128+int(tc.sig), status)
+			requireOneLine(t, stderr, fmt.Sprintf(`dlock run: %v while waiting for "k"`, tc.sig))
+			a.stdin.Close()
+			a.wait(t)
+		})
+	}
+}
+
 // A key used by another kind of primitive is a usage error, which no
 // retry mends: status 64, at once, not 69.
 func TestKindMismatch(t *testing.T) {
@@ -637,4 +687,35 @@ func TestKindMismatch(t *testing.T) {
 			assert.Contains(t, stderr[0], "key used by another kind of lock")
 		})
 	}
+}
+
+// A closed standard error (a terminal or ssh session gone) does not end
+// dlock when it reports the end of the lease: it still stops COMMAND and
+// exits 124, rather than dying of SIGPIPE with COMMAND left running.
+func TestRunClosedStderr(t *testing.T) {
+	coll := collection(t)
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	cmd := exec.Command(binary, runArgs(coll, "-ttl", "1s", "-max-hold", "1s", "k", "--", "sh", "-c", `echo started; exec sleep 60`)...)
+	cmd.Stderr = w
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	w.Close()
+	r.Close() // dlock's next write to stderr fails
+	exited := make(chan []byte, 1)
+	go func() {
+		out, _ := io.ReadAll(stdout) // to EOF: until COMMAND and dlock have gone
+		cmd.Wait()
+		exited <- out
+	}()
+	var out []byte
+	select {
+	case out = <-exited:
+	case <-time.After(watchdog):
+		cmd.Process.Kill()
+		t.Fatalf("dlock or COMMAND still running %v after -max-hold", watchdog)
+	}
+	assert.Equal(t, "started\n", string(out))
+	assert.Equal(t, exitLost, cmd.ProcessState.ExitCode(), "%v", cmd.ProcessState)
 }

@@ -5,6 +5,16 @@ package main
 import (
 	"os"
 	"os/exec"
+	"syscall"
+)
+
+// The signals run catches: see proc_unix.go. Where there are no Unix
+// signals, the system delivers only these two (Ctrl-C, and a console
+// closed or the system shut down).
+var (
+	stopSignals  = []os.Signal{os.Interrupt, syscall.SIGTERM}
+	passSignals  []os.Signal
+	quietSignals []os.Signal
 )
 
 // ownGroup does nothing where there are no process groups.

@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -28,12 +30,14 @@ releases the lock when COMMAND exits. It exits with COMMAND's status.
 If the lease is lost while COMMAND runs (the server could not be reached
 for a TTL, this process was frozen, or -max-hold passed), run sends SIGTERM
 to COMMAND's process group, SIGKILL after -grace, and exits with status 124.
-SIGINT and SIGTERM sent to run are passed on to COMMAND's process group.
+SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 sent to run are passed
+on to COMMAND's process group; the first four also end a wait for KEY. On
+Linux and FreeBSD, COMMAND gets SIGKILL if run is killed.
 
 Exit status: COMMAND's (128+N if a signal N killed it); 64 bad usage (or KEY
 used by another kind of lock); 69 could not reach the server; 75 KEY held
 (-try, or -timeout passed); 124 the lease was lost; 126 COMMAND could not be
-run; 127 COMMAND not found.`
+run; 127 COMMAND not found; 128+N signal N ended the wait for KEY.`
 
 // runFlags are the settings of one "dlock run".
 type runFlags struct {
@@ -96,12 +100,12 @@ type runner struct {
 	lease  *dlock.Lease  // set once held
 }
 
-// errInterrupted is the cause of a wait ended by SIGINT or SIGTERM.
+// errInterrupted is the cause of a wait ended by one of stopSignals.
 var errInterrupted = errors.New("interrupted")
 
 func (r *runner) run() int {
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, slices.Concat(stopSignals, passSignals, quietSignals)...)
 	defer signal.Stop(sigs)
 	defer r.close()
 
@@ -112,18 +116,22 @@ func (r *runner) run() int {
 	defer cancel(nil)
 	acquired := make(chan int, 1)
 	go func() { acquired <- r.acquire(ctx) }()
-	var code int
-	select {
-	case code = <-acquired:
-	case sig := <-sigs:
-		cancel(errInterrupted)
-		<-acquired // a hold won as the wait was cancelled is released by close
-		return failf(signalStatus(sig), "dlock %s: %v while waiting for %q", r.verb, sig, r.key)
+	for {
+		select {
+		case code := <-acquired:
+			if code != 0 {
+				return code
+			}
+			return r.supervise(sigs)
+		case sig := <-sigs:
+			if !slices.Contains(stopSignals, sig) {
+				continue // no COMMAND yet to pass it on to
+			}
+			cancel(errInterrupted)
+			<-acquired // a hold won as the wait was cancelled is released by close
+			return failf(signalStatus(sig), "dlock %s: %v while waiting for %q", r.verb, sig, r.key)
+		}
 	}
-	if code != 0 {
-		return code
-	}
-	return r.supervise(sigs)
 }
 
 // acquire connects, takes the lock, and returns 0 or the exit status to
@@ -221,22 +229,21 @@ func (r *runner) supervise(sigs <-chan os.Signal) int {
 		"DLOCK_OWNER="+r.owner)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	ownGroup(cmd)
-	if err := cmd.Start(); err != nil {
+	dieWithParent(cmd)
+	exited, err := startCommand(cmd) // exited gets a value when COMMAND ends; waited for below
+	if err != nil {
 		code := exitCannotRun
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
 			code = exitNotFound
 		}
 		return failf(code, "dlock %s: %v", r.verb, err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }() // ends when COMMAND does; waited for below
 
 	lostCh := lease.Lost()
 	var (
 		lost  error
 		kill  *time.Timer
 		killC <-chan time.Time
-		err   error
 	)
 wait:
 	for {
@@ -244,7 +251,9 @@ wait:
 		case err = <-exited:
 			break wait
 		case sig := <-sigs:
-			signalGroup(cmd, sig)
+			if !slices.Contains(quietSignals, sig) {
+				signalGroup(cmd, sig)
+			}
 		case <-lostCh:
 			lostCh = nil
 			lost = lease.Err()
@@ -274,6 +283,34 @@ wait:
 		return exitLost
 	}
 	return exitStatus(err)
+}
+
+// startCommand starts cmd, and returns a channel that gets the error of
+// its Wait when it exits.
+//
+// It starts cmd, and waits for it, on a goroutine locked to its OS thread,
+// because Linux sends the parent-death signal (see dieWithParent) when the
+// thread that started COMMAND ends, not the process; and the Go runtime
+// ends a thread when the goroutine locked to it exits, as the caller's
+// might. The locked thread runs nothing else, and lives until COMMAND has
+// been reaped.
+func startCommand(cmd *exec.Cmd) (<-chan error, error) {
+	started := make(chan error, 1)
+	exited := make(chan error, 1)
+	go func() { // ends when COMMAND does
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		exited <- cmd.Wait()
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return exited, nil
 }
 
 // close releases the lock, if held, and closes the connection. Each step is
