@@ -251,14 +251,7 @@ func TestTelemetryHeldNamesEachHolder(t *testing.T) {
 		require.NoError(t, <-done)
 		locks := rig.ended("dlock.Lock")
 		require.Len(t, locks, 1)
-		var seen []string
-		for _, e := range locks[0].Events() {
-			for _, kv := range e.Attributes {
-				if kv.Key == attrHolderOwner {
-					seen = append(seen, kv.Value.AsString())
-				}
-			}
-		}
+		seen := heldOwners(locks[0])
 		assert.Equal(t, []string{holders[0].Owner(), holders[1].Owner(), holders[2].Owner()}, seen)
 	})
 }
@@ -307,14 +300,20 @@ func TestTelemetryHeldNamedByReapingRead(t *testing.T) {
 
 		locks := rig.ended("dlock.Lock")
 		require.Len(t, locks, 2)
-		var named []string
-		for _, e := range locks[1].Events() {
-			for _, kv := range e.Attributes {
-				if kv.Key == attrHolderOwner {
-					named = append(named, kv.Value.AsString())
-				}
-			}
-		}
+		named := heldOwners(locks[1])
 		assert.Equal(t, []string{holder.Owner()}, named, "the wait names the holder")
 	})
+}
+
+// heldOwners returns the owners that a Lock span's held events name, in order.
+func heldOwners(span sdktrace.ReadOnlySpan) []string {
+	var owners []string
+	for _, e := range span.Events() {
+		for _, kv := range e.Attributes {
+			if kv.Key == attrHolderOwner {
+				owners = append(owners, kv.Value.AsString())
+			}
+		}
+	}
+	return owners
 }
