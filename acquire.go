@@ -13,7 +13,7 @@ import (
 
 // This file is the lease core's acquisition, shared by every primitive:
 // the exclusive wait (Mutex, RWMutex.Lock), with this Client's local queue
-// and handoff, and the shared wait (RWMutex.RLock, Semaphore). doc.go has
+// and handoff, and the shared wait (RWMutex.RLock, Semaphore). docs/design.md has
 // the lock document's design.
 
 // A claim is what one locking call asks for, and for whom.
@@ -101,7 +101,7 @@ func (p *pacing) contended(now time.Time, cfg *config) bool {
 // queueSlack waiters registered since the primitive last looked, which
 // would otherwise cost a failed write and a read. Numbers stay unique and
 // grow in the order registrations apply, which is all the queue needs of
-// them (doc.go, rule 6).
+// them (docs/design.md, rule 6).
 func (p *pacing) queueGuess() int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -296,16 +296,6 @@ func (c *Client) giveUp(ctx context.Context, a attempt, unsure bool, lastErr, er
 	return err
 }
 
-// earlyFloor reads the floor before a first attempt, for the flawed
-// variant flawFloorBeforeCreate only (0 otherwise, with no command).
-func (c *Client) earlyFloor(ctx context.Context) Token {
-	if c.cfg.flaw != flawFloorBeforeCreate {
-		return 0
-	}
-	f, _ := c.store.floor(ctx)
-	return f
-}
-
 // kindError reports a key used by another kind of primitive than cl's.
 func kindError(key, want, got string) error {
 	name := func(k string) string {
@@ -330,7 +320,7 @@ func kindError(key, want, got string) error {
 // when ctx ended, the Client closed, the key is held (with try) or the
 // server failed in a way that waiting will not mend.
 //
-// A call that must wait queues in the key's document (doc.go has the
+// A call that must wait queues in the key's document (docs/design.md has the
 // design): it registers with the next queue number, and from then on
 // only the head of the queue, the registered waiter with no waiter
 // registered before it, may take the key; an unregistered attempt takes a
@@ -384,7 +374,6 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 		last     = cl.pace.takeFreed() // the key's token counter as this wait (or the Unlock before it) last saw it
 		an       anchor                // this wait's registration, on the server's clock and this Client's (heldSince)
 	)
-	early := c.earlyFloor(ctx)
 	tracing := trace.SpanFromContext(ctx).IsRecording()
 	// sight notes r, the record a command sent at sent returned, and plans
 	// the wait of a head that saw the hold it waits for begin (planHead),
@@ -473,10 +462,11 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 			a.spare = a.registered && spares
 			sent := c.clock.Now()
 			r, err = c.store.acquire(ctx, a, w.takeover(sent))
-			rtt := c.clock.Now().Sub(sent) // the acquire's round trip, without a raise's
-			if err == nil && r.Raw {
-				a.spare = false // the raise sets the counter: no spare
-				r, err = c.raise(ctx, a, r, early)
+			rtt := c.clock.Now().Sub(sent) // the acquire's round trip, without the floor read's
+			var base Token
+			if a.raw = err == nil && r.Raw; a.raw {
+				a.spare = false // the base sets the counter: no spare
+				base, err = c.base(ctx, r)
 			}
 			if err == nil {
 				if c.cfg.flaw == flawDeadlineFromReply {
@@ -485,7 +475,7 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 				if q.reg != nil { // the acquire ended the registration
 					q.reg.end(ErrReleased, "")
 				}
-				t := r.Token
+				t := r.Token + base
 				if a.spare {
 					t--
 				}
@@ -780,7 +770,7 @@ func (c *Client) unregister(reg *Lease) {
 
 // acquireShared takes a shared hold for cl: a Semaphore's permit or an
 // RWMutex's read hold. A shared acquire is a compare-and-set on the key's
-// token counter (doc.go has why), so it is sent only when the counter is
+// token counter (docs/design.md has why), so it is sent only when the counter is
 // known and the key looks takeable: a wait polls by reading the document,
 // one command a poll, and sends an acquire when a read shows room for it.
 // An uncontended shared acquire whose counter the primitive knows is one
@@ -802,23 +792,26 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 		unsure   bool  // an attempt may have applied without our seeing the reply
 		lastErr  error // the last transient failure
 	)
-	early := c.earlyFloor(ctx)
 	giveUp := func(err error) (*Lease, int, error) {
 		return nil, attempts, c.giveUp(ctx, a, unsure, lastErr, err)
 	}
-	// take makes the lease of the hold a has in r, raising it first if r is raw.
+	// take makes the lease of the hold a has in r, its token counted from
+	// the floor if r is raw.
 	take := func(r record, sent time.Time) (*Lease, error) {
-		var err error
-		if r.Raw {
-			if r, err = c.raise(ctx, a, r, early); err != nil {
-				return nil, err
-			}
+		a.raw = r.Raw
+		base, err := c.base(ctx, r)
+		if err != nil {
+			return nil, err
 		}
 		cl.seen.set(r.Token)
 		if c.cfg.flaw == flawDeadlineFromReply {
 			sent = c.clock.Now()
 		}
-		return c.grant(cl, a, r.Shared[a.holdKey()].Token, roleShared, sent)
+		l, err := c.grant(cl, a, r.Shared[a.holdKey()].Token+base, roleShared, sent)
+		if err == nil {
+			l.settle(ctx) // others join a raw record only once it is empty (record.sharable)
+		}
+		return l, err
 	}
 	if c.cfg.flaw == flawSharedOverLimit {
 		a.limit++
@@ -932,28 +925,16 @@ func (r record) sharable(a attempt) bool {
 	return r.Owner == "" && len(r.Shared) < a.limit && len(r.Waiters) == 0 && !(r.Raw && len(r.Shared) > 0)
 }
 
-// raise gives the hold that attempt a has in r, a record it found raw
-// (created by an acquire, its own or one whose creator stopped before
-// raising it), a token above the collection's floor: it reads the floor,
-// after the reply that showed r, so after the record was created, and
-// raises the hold's token above it. doc.go has the argument. When the hold
-// is no longer a's (taken over while this call paused) it reports errHeld;
-// when the outcome is unknown, the hold may be a's, raw, which the next
-// attempt, with the same hold id, finds and raises.
-func (c *Client) raise(ctx context.Context, a attempt, r record, early Token) (record, error) {
-	f, err := c.store.floor(ctx)
-	if err != nil {
-		return record{}, err
+// base is what the tokens of r, a reply to an acquire, count from: 0
+// unless r is raw. A raw record was created, or last cleared, without a
+// base: then its tokens count from the floor, read now, after the reply,
+// so after the record was created; the hold writes that base with its
+// first write (leaseRef.raw). docs/design.md, rule 5, has the argument.
+func (c *Client) base(ctx context.Context, r record) (Token, error) {
+	if !r.Raw {
+		return 0, nil
 	}
-	if c.cfg.flaw == flawFloorBeforeCreate {
-		f = early
-	}
-	a.token = r.Token
-	r, err = c.store.raise(ctx, a, f)
-	if errors.Is(err, errNotOwner) {
-		err = errHeld
-	}
-	return r, err
+	return c.store.floor(ctx)
 }
 
 // An entryWatch is a waiter's view of the entries (shared holds and

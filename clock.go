@@ -8,7 +8,7 @@ import (
 // A clock is where the lease logic reads time. Only differences between its
 // readings matter (dlock never compares wall clocks of two machines), so a
 // clock may be offset from true time by any amount; its rate must stay within
-// [MaxClockDrift] of true time for the safety argument in doc.go to hold.
+// [MaxClockDrift] of true time for the safety argument in docs/design.md to hold.
 // Tests inject skewed and drifting clocks through withClock.
 type clock interface {
 	Now() time.Time

@@ -126,11 +126,6 @@ func (h *hooked) floor(ctx context.Context) (f Token, err error) {
 	return f, err
 }
 
-func (h *hooked) raise(ctx context.Context, a attempt, floor Token) (r record, err error) {
-	err = h.run(ctx, "raise", func() (err error) { r, err = h.store.raise(ctx, a, floor); return err })
-	return r, err
-}
-
 func (h *hooked) idle(ctx context.Context, cutoff time.Time, limit int) (recs []idleRecord, err error) {
 	err = h.run(ctx, "idle", func() (err error) { recs, err = h.store.idle(ctx, cutoff, limit); return err })
 	return recs, err
@@ -723,7 +718,7 @@ func TestNoExtensionDuringRelease(t *testing.T) {
 
 // Killed: holdFor returning the full TTL, and takeoverWait without the
 // clock-resolution discount. Exact values: the formulas are the safety
-// argument of doc.go.
+// argument of docs/design.md.
 func TestExpiryFormulas(t *testing.T) {
 	for _, ttl := range []time.Duration{time.Millisecond, time.Second, 10 * time.Second, time.Hour} {
 		want := time.Duration(float64(ttl)*(1-MaxClockDrift)/(1+MaxClockDrift) - float64(ttl)*lostGuard)

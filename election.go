@@ -127,6 +127,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Lease, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dlock: campaign %q: %w", e.name, err)
 	}
+	l.settle(ctx) // Leader reads a raw record as led by nobody
 	e.mu.Lock()
 	e.lease = l
 	e.mu.Unlock()

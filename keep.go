@@ -8,7 +8,7 @@ import (
 
 // This file is the keep: an Unlock under contention that, instead of
 // freeing the key, keeps it for its primitive's next Lock, which takes it
-// over with no command. doc.go ("Fairness") has the bound this gives.
+// over with no command. docs/fairness.md has the bound this gives.
 //
 // A turn that passes the key to another Client costs the release, the
 // next holder's acquire, and the time the key waits for that acquire (no
@@ -122,7 +122,7 @@ func (p *pacing) short(cfg *config) bool {
 // closing: the caller then releases it as usual.
 func (c *Client) keep(l *Lease, cl claim) bool {
 	handoff := l.count == l.token // no spare: only flawKeepAlways keeps it, for a handoff
-	if handoff && cl.cfg.flaw != flawKeepAlways {
+	if handoff && cl.cfg.flaw != flawKeepAlways || l.raw.Load() {
 		return false
 	}
 	a := attempt{key: l.key, owner: c.owner, hold: l.hold, ttl: l.ttl, kind: cl.spec.kind}

@@ -257,8 +257,8 @@ func TestKeepOnEachBackend(t *testing.T) {
 	})
 }
 
-// A raiseSlowStore is a slowStore whose floor read and raise take longer
-// than its other commands.
+// A raiseSlowStore is a slowStore whose floor read takes longer than its
+// other commands.
 type raiseSlowStore struct {
 	slowStore
 	slow time.Duration
@@ -268,14 +268,10 @@ func (s raiseSlowStore) floor(ctx context.Context) (Token, error) {
 	time.Sleep(s.slow)
 	return s.slowStore.floor(ctx)
 }
-func (s raiseSlowStore) raise(ctx context.Context, a attempt, floor Token) (record, error) {
-	time.Sleep(s.slow)
-	return s.slowStore.raise(ctx, a, floor)
-}
 
 // TestKeepRoundTripWithoutRaise: the round trip a Mutex tracks, by which
 // it judges a hold short enough to keep (keep.go), is its acquire's
-// alone, not the floor read and raise that follow a key's first acquire.
+// alone, not the floor read that follows a key's first acquire.
 // Counted with them, a first acquire slowed by a Client's start made a
 // 300 ms hold look short on the test server (32 round trips of 10 ms),
 // and the next acquire reserved a spare token it did not use.

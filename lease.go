@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -40,6 +41,7 @@ type Lease struct {
 	lastDue  time.Time     // with maxHold: when the last extension is due, a timer's lateness before stop
 	done     chan struct{}
 	lost     chan struct{}
+	raw      atomic.Bool // the hold's base may be unwritten (leaseRef.raw); cleared by its first write that applied
 
 	mu       sync.Mutex
 	data     []byte    // the hold's data; replaced (never modified) by Election.Proclaim
@@ -79,6 +81,7 @@ func (c *Client) newLease(lk locker, cfg *config, a attempt, t Token, ro role, s
 	if a.spare && ro == roleExclusive {
 		l.count++
 	}
+	l.raw.Store(a.raw && ro != roleWaiter)
 	l.schedule(sent, sent.Add(l.every))
 	return l
 }
@@ -111,7 +114,7 @@ func (l *Lease) schedule(from, at time.Time) {
 }
 
 func (l *Lease) ref() leaseRef {
-	return leaseRef{key: l.key, owner: l.c.owner, token: l.count, ttl: l.ttl, hold: l.hold, role: l.role}
+	return leaseRef{key: l.key, owner: l.c.owner, token: l.count, ttl: l.ttl, hold: l.hold, role: l.role, raw: l.raw.Load()}
 }
 
 // Data returns the data stored with this hold ([WithData]; for an
@@ -294,9 +297,24 @@ func (l *Lease) lastSent() time.Time {
 	return l.deadline.Add(-holdFor(l.ttl))
 }
 
-// extended records a successful extension sent at sent. The deadline
-// never passes the cap of a maximum hold.
+// settle writes the base of a hold made on a raw record at once, with one
+// extension, instead of with the hold's first write (leaseRef.raw). A
+// failure leaves it to that write.
+func (l *Lease) settle(ctx context.Context) {
+	if !l.raw.Load() {
+		return
+	}
+	sent := l.c.clock.Now()
+	if ok, err := l.c.store.extend(ctx, []leaseRef{l.ref()}); err == nil && ok[0] {
+		l.extended(sent)
+	}
+}
+
+// extended records a successful extension sent at sent, which wrote the
+// hold's base if it had one to write. The deadline never passes the cap
+// of a maximum hold.
 func (l *Lease) extended(sent time.Time) {
+	l.raw.Store(false)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	d := sent.Add(holdFor(l.ttl))

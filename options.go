@@ -337,7 +337,6 @@ const (
 	flawWallClockExpiry           // a waiter takes over when its wall clock passes the holder's stamp plus the TTL
 	flawDeadlineFromReply         // the lease deadline counted from the reply, not the send
 	flawExtendReleasing           // the extender extends a lease being released (and Release ends it only once answered)
-	flawFloorBeforeCreate         // Lock reads the floor before its acquire creates the document, not after
 	flawPruneWithoutFloor         // Prune deletes without raising the floor first
 	flawNoWriterRegistration      // an RWMutex's waiting writer does not register, so readers can starve it
 	flawSharedOverLimit           // a shared acquire allows one hold more than the limit

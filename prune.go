@@ -83,7 +83,7 @@ func (c *Client) prune(ctx context.Context, idle time.Duration) (int, error) {
 			top = max(top, r.token)
 		}
 		// The floor first: a document is deleted only once the floor is
-		// at least its token (doc.go has why the order matters).
+		// at least its token (docs/design.md has why the order matters).
 		if c.cfg.flaw != flawPruneWithoutFloor {
 			if err := c.store.raiseFloor(ctx, top); err != nil {
 				return deleted, err

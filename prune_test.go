@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 // Issue 17: Prune deletes free, idle keys, never a held one, and a pruned
@@ -52,8 +53,13 @@ func TestPrune(t *testing.T) {
 			require.NoError(t, m.Lock(ctx))
 			assert.Greater(t, m.Lease().Token(), last["c"], "%s after the prune: above every token of the collection's pruned keys", key)
 			assert.NoError(t, fence.Check(m.Lease().Token()), "a fence that saw the old tokens admits the new one")
-			assert.False(t, sp.read(t, key).Raw, "raised before Lock returned")
+			r, tok := sp.read(t, key), m.Lease().Token()
+			assert.True(t, r.Raw, "the base is left to the hold's first write")
+			assert.Less(t, r.Token, tok, "the counter counts from 0 while raw")
 			require.NoError(t, m.Unlock(ctx))
+			r = sp.read(t, key)
+			assert.False(t, r.Raw, "the Unlock wrote the base")
+			assert.Equal(t, tok, r.Token, "the counter is the hold's token")
 		}
 
 		_, err = c.Prune(ctx, -time.Second)
@@ -186,9 +192,9 @@ func TestPruneInBackground(t *testing.T) {
 	assert.ErrorIs(t, m.err, ErrInvalidOption, "WithPruneIdle applies to a Client")
 }
 
-// A creator that stops between its acquire and its raise leaves a raw
-// document; whoever takes it over raises the token itself, and the
-// creator's late raise cannot touch the new hold.
+// A creator that stops between its acquire and its floor read leaves a
+// raw document; whoever takes it over counts its token from the floor
+// itself, and the creator's late reply cannot touch the new hold.
 func TestRawDocumentTakenOver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newMemStore()
@@ -210,14 +216,16 @@ func TestRawDocumentTakenOver(t *testing.T) {
 		c2, _ := memClient(t, st, WithTTL(time.Second))
 		m2 := c2.NewMutex("k")
 		require.NoError(t, m2.Lock(ctx), "taken over after a TTL")
-		assert.Greater(t, m2.Lease().Token(), Token(41), "the taker raised the token above the floor")
-		assert.False(t, holder(st, "k").Raw)
-
-		close(stuck) // the creator wakes: its raise finds the hold gone, and it waits
-		synctest.Wait()
 		t2 := m2.Lease().Token()
-		assert.Equal(t, t2, holder(st, "k").Token, "the creator's raise did not touch the new hold")
+		assert.Greater(t, t2, Token(41), "the taker counts its token from the floor")
+		before := holder(st, "k")
+
+		close(stuck) // the creator wakes: its reply is too late to rely on, and it waits
+		synctest.Wait()
+		assert.Equal(t, before, holder(st, "k"), "the creator's late floor read changed nothing")
 		require.NoError(t, m2.Unlock(ctx))
+		assert.Equal(t, t2, holder(st, "k").Token, "the taker's Unlock wrote its base")
+		assert.False(t, holder(st, "k").Raw)
 		require.NoError(t, <-got1)
 		assert.Greater(t, m1.Lease().Token(), t2)
 		require.NoError(t, m1.Unlock(ctx))
@@ -323,4 +331,35 @@ func TestPruneLateDeleteOfBusyDocument(t *testing.T) {
 		assert.ErrorIs(t, other.NewRWMutex("rw").TryLock(ctx), ErrLocked, "a writer holds beside a reader")
 		require.NoError(t, rw.RUnlock(ctx))
 	})
+}
+
+// A collection whose floor a dlock kept at the numeric _id 0: the first
+// floor read copies it to its string _id, and Prune, before it raises the
+// floor, copies it too; tokens stay above the old floor either way.
+func TestFloorMovedFromNumericID(t *testing.T) {
+	ctx := context.Background()
+	for _, first := range []string{"lock", "prune"} {
+		t.Run(first, func(t *testing.T) {
+			coll := newColl(t)
+			_, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: oldFloorID}, {Key: fFloor, Value: int64(41)}})
+			require.NoError(t, err)
+			c := newClient(t, coll)
+			if first == "prune" { // a key of token 1 to prune: the floor must not become 1
+				_, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: "idle"}, {Key: fOwner, Value: ""}, {Key: fToken, Value: int64(1)}, {Key: fRev, Value: int64(2)}, {Key: fAt, Value: time.Now().Add(-time.Hour)}})
+				require.NoError(t, err)
+				n, err := c.Prune(ctx, 0)
+				require.NoError(t, err)
+				require.Equal(t, 1, n)
+			}
+			m := c.NewMutex("idle")
+			require.NoError(t, m.Lock(ctx))
+			assert.Greater(t, m.Lease().Token(), Token(41))
+			require.NoError(t, m.Unlock(ctx))
+			var d struct {
+				Floor int64 `bson:"floor"`
+			}
+			require.NoError(t, coll.FindOne(ctx, bson.D{{Key: "_id", Value: floorID}}).Decode(&d))
+			assert.Equal(t, int64(41), d.Floor, "the floor at its string _id")
+		})
+	}
 }

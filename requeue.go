@@ -9,7 +9,7 @@ import (
 // This file is the requeue: an Unlock that, in its release's own write,
 // queues the next Lock of its primitive; and what the requeue and the keep
 // (keep.go) share: what an Unlock leaves for its primitive's next Lock, and
-// how it is picked up or disposed of. doc.go ("Fairness") has why.
+// how it is picked up or disposed of. docs/fairness.md has why.
 //
 // Under contention a Client that loops Lock, work, Unlock spends a command
 // on every Lock to register behind the others. When its primitive's last

@@ -63,6 +63,18 @@ type simLink struct {
 	releaseAnyToken bool // release frees the key if the owner matches, whatever the token
 	abandonAnyHold  bool // abandon frees the key if the owner matches, whatever the hold
 	sharedJoinsRaw  bool // a shared acquire joins a raw record that has a shared hold already
+	// floorBeforeCreate: floor answers the floor as it was when this
+	// link's last acquire was sent, before the acquire could create the
+	// record (a floor read made before the creation, however fresh).
+	floorBeforeCreate bool
+	earlyFloor        Token // guarded by st.mu: with floorBeforeCreate
+	// baseNeverWritten: a raw hold's writes unset raw but leave the
+	// counter where it was (the base is not written).
+	baseNeverWritten bool
+	// rawFoundSkipsFloor: an acquire that finds a raw record, rather than
+	// creating it (a takeover of a creator that stopped), is answered as
+	// if the record were not raw, so the Client counts no floor.
+	rawFoundSkipsFloor bool
 	// deletes, when set, replaces the condition under which Prune's delete
 	// removes a record it read as d.
 	deletes func(r record, d idleRecord) bool
@@ -158,27 +170,50 @@ func (l *simLink) crash() {
 
 func (l *simLink) acquire(ctx context.Context, a attempt, takeover stamp) (record, error) {
 	sent := time.Now()
+	if l.floorBeforeCreate {
+		l.st.mu.Lock()
+		l.earlyFloor = l.st.floorTok
+		l.st.mu.Unlock()
+	}
 	return send(l, ctx, func(ctx context.Context) (record, error) {
 		var r record
 		var err error
+		l.st.mu.Lock()
+		before, found := l.st.records[a.key]
+		l.st.mu.Unlock()
 		if l.sharedJoinsRaw && a.shared {
 			r, err = l.joinRaw(a)
 		} else {
 			r, err = l.st.acquire(ctx, a, takeover)
 		}
 		if err == nil {
-			l.k.wrote(r.Token, sent)
+			l.k.wrote(a.holdKey(), sent)
+		}
+		if l.rawFoundSkipsFloor && found && before.Raw {
+			r.Raw = false
 		}
 		return r, err
 	})
 }
 
+// unbased is ref as baseNeverWritten sends it: a raw ref's base is the
+// record's counter as it is, so the write unsets raw and leaves the
+// counter below the hold's token.
+func (l *simLink) unbased(ref leaseRef) leaseRef {
+	if l.baseNeverWritten && ref.raw {
+		l.st.mu.Lock()
+		ref.token = l.st.records[ref.key].Token
+		l.st.mu.Unlock()
+	}
+	return ref
+}
+
 func (l *simLink) handoff(ctx context.Context, ref leaseRef, next attempt) (record, error) {
 	sent := time.Now()
 	return send(l, ctx, func(ctx context.Context) (record, error) {
-		r, err := l.st.handoff(ctx, ref, next)
+		r, err := l.st.handoff(ctx, l.unbased(ref), next)
 		if err == nil {
-			l.k.wrote(r.Token, sent)
+			l.k.wrote(next.holdKey(), sent)
 		}
 		return r, err
 	})
@@ -188,10 +223,14 @@ func (l *simLink) extend(ctx context.Context, refs []leaseRef) ([]bool, error) {
 	l.k.extending(refs)
 	sent := time.Now()
 	return send(l, ctx, func(ctx context.Context) ([]bool, error) {
-		ok, err := l.st.extend(ctx, refs)
+		sentRefs := make([]leaseRef, len(refs))
+		for i, ref := range refs {
+			sentRefs[i] = l.unbased(ref)
+		}
+		ok, err := l.st.extend(ctx, sentRefs)
 		for i, ref := range refs {
 			if err == nil && ok[i] && ref.role != roleWaiter { // a registration's token is a queue number: not a hold's write
-				l.k.wrote(ref.token, sent)
+				l.k.wrote(holdKey(ref.owner, ref.hold), sent)
 			}
 		}
 		return ok, err
@@ -203,7 +242,7 @@ func (l *simLink) release(ctx context.Context, ref leaseRef) error {
 		if l.releaseAnyToken {
 			ref.token = l.current(ref.key, ref.owner).Token
 		}
-		return struct{}{}, l.st.release(ctx, ref)
+		return struct{}{}, l.st.release(ctx, l.unbased(ref))
 	})
 	return err
 }
@@ -213,17 +252,23 @@ func (l *simLink) requeue(ctx context.Context, ref leaseRef, next attempt) (reco
 		if l.releaseAnyToken {
 			ref.token = l.current(ref.key, ref.owner).Token
 		}
-		return l.st.requeue(ctx, ref, next)
+		return l.st.requeue(ctx, l.unbased(ref), next)
 	})
 }
 
 func (l *simLink) setData(ctx context.Context, ref leaseRef, data []byte) error {
-	_, err := send(l, ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, l.st.setData(ctx, ref, data) })
+	_, err := send(l, ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, l.st.setData(ctx, l.unbased(ref), data) })
 	return err
 }
 
 func (l *simLink) releaseAll(ctx context.Context, refs []leaseRef) error {
-	_, err := send(l, ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, l.st.releaseAll(ctx, refs) })
+	_, err := send(l, ctx, func(ctx context.Context) (struct{}, error) {
+		sentRefs := make([]leaseRef, len(refs))
+		for i, ref := range refs {
+			sentRefs[i] = l.unbased(ref)
+		}
+		return struct{}{}, l.st.releaseAll(ctx, sentRefs)
+	})
 	return err
 }
 
@@ -246,17 +291,13 @@ func (l *simLink) reap(ctx context.Context, key string, at stamp, stale []staleE
 }
 
 func (l *simLink) floor(ctx context.Context) (Token, error) {
-	return send(l, ctx, func(ctx context.Context) (Token, error) { return l.st.floor(ctx) })
-}
-
-func (l *simLink) raise(ctx context.Context, a attempt, floor Token) (record, error) {
-	sent := time.Now()
-	return send(l, ctx, func(ctx context.Context) (record, error) {
-		r, err := l.st.raise(ctx, a, floor)
-		if err == nil {
-			l.k.wrote(r.Token, sent)
+	return send(l, ctx, func(ctx context.Context) (Token, error) {
+		if l.floorBeforeCreate {
+			l.st.mu.Lock()
+			defer l.st.mu.Unlock()
+			return l.earlyFloor, nil
 		}
-		return r, err
+		return l.st.floor(ctx)
 	})
 }
 
@@ -524,7 +565,7 @@ type simChecker struct {
 	mu        sync.Mutex
 	leases    []*simHold          // every hold handed out
 	releasing map[Token]time.Time // when its holder called Unlock
-	lastWrite map[Token]time.Time // when the last write that applied for the hold was sent
+	lastWrite map[string]time.Time // by hold key: when the last write that applied for the hold was sent
 	lastToken Token
 	failure   string
 	acquired  int
@@ -649,27 +690,27 @@ func (k *simChecker) exclusion(client int, l *Lease, others []*simHold) {
 	}
 }
 
-// wrote notes that a write for hold t, sent at sent, applied.
-func (k *simChecker) wrote(t Token, sent time.Time) {
+// wrote notes that a write for the hold with key hk, sent at sent, applied.
+func (k *simChecker) wrote(hk string, sent time.Time) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if sent.After(k.lastWrite[t]) {
-		k.lastWrite[t] = sent
+	if sent.After(k.lastWrite[hk]) {
+		k.lastWrite[hk] = sent
 	}
 }
 
 // reliance is the longest a holder may rely on a write after it sent it,
 // in true time: holdFor on a clock running as slow as MaxClockDrift allows.
-// It is the premise of the safety argument (doc.go): a lease valid past it
+// It is the premise of the safety argument (docs/design.md): a lease valid past it
 // can overlap a takeover, whether or not one happens in this run.
 var reliance = time.Duration(float64(holdFor(simClientTTL)) / (1 - MaxClockDrift))
 
 // overdue checks, with k.mu held, that a valid lease l is within the
-// reliance of its last write. Writes are noted by the token counter they
-// name, which is the lease's token, or the next one when its acquire
-// reserved a spare (keep.go), and the kept hold's after it.
+// reliance of its last write. Writes are noted by the hold they name (its
+// owner and hold id), which a kept hold (keep.go) shares with the hold
+// that kept it.
 func (k *simChecker) overdue(client int, l *Lease) {
-	if sent, ok := k.lastWrite[l.ref().token]; ok && time.Since(sent) > reliance+time.Millisecond {
+	if sent, ok := k.lastWrite[holdKey(l.c.owner, l.hold)]; ok && time.Since(sent) > reliance+time.Millisecond {
 		k.fail("client %d's lease (token %d) valid %v after its last write was sent, more than %v", client, l.Token(), time.Since(sent), reliance)
 	}
 }
@@ -755,7 +796,7 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 		fmt.Printf("=== sim run (mode %d)\n", plan.mode)
 	}
 	synctest.Test(t, func(t *testing.T) {
-		k := &simChecker{mode: plan.mode, releasing: map[Token]time.Time{}, lastWrite: map[Token]time.Time{}, queue: map[string]map[string]map[string]bool{}}
+		k := &simChecker{mode: plan.mode, releasing: map[Token]time.Time{}, lastWrite: map[string]time.Time{}, queue: map[string]map[string]map[string]bool{}}
 		st := newMemStore()
 		var writes atomic.Int64
 		st.observe = func(key string, before, after record) {
@@ -1111,7 +1152,9 @@ func TestSimulationCatchesFlaws(t *testing.T) {
 		{"release not conditional on the token", noFlaw, func(l *simLink) { l.releaseAnyToken = true }, MaxClockDrift, simMutex, 10000},
 		{"clocks drifting at ten times the bound", noFlaw, nil, 10 * MaxClockDrift, simMutex, 3000},
 		{"prune deletes without raising the floor", flawPruneWithoutFloor, nil, MaxClockDrift, simMutex, 3000},
-		{"lock reads the floor before creating the document", flawFloorBeforeCreate, nil, MaxClockDrift, simMutex, 3000},
+		{"lock reads the floor before creating the document", noFlaw, func(l *simLink) { l.floorBeforeCreate = true }, MaxClockDrift, simMutex, 3000},
+		{"a raw hold's writes unset raw without writing the base", noFlaw, func(l *simLink) { l.baseNeverWritten = true }, MaxClockDrift, simMutex, 3000},
+		{"a takeover of a raw record skips the floor", noFlaw, func(l *simLink) { l.rawFoundSkipsFloor = true }, MaxClockDrift, simMutex, 3000},
 		{"prune's delete matches the revision, not the token", noFlaw, func(l *simLink) {
 			l.deletes = func(r record, d idleRecord) bool { return r.free() && len(r.Waiters) == 0 && r.Rev == d.rev }
 		}, MaxClockDrift, simMutex, 10000},

@@ -11,7 +11,7 @@ import (
 
 // record is the state of one key as the store keeps it. The document for a
 // key is created on first use and deleted only by Prune, after the floor
-// was raised to its token (see the design in doc.go), so the tokens handed
+// was raised to its token (see docs/design.md), so the tokens handed
 // out for a key never go back.
 type record struct {
 	Owner string        // identity of the holder; "" when free
@@ -20,7 +20,7 @@ type record struct {
 	TTL   time.Duration // the holder's lease duration
 	At    time.Time     // the server's clock at the last write
 	Hold  int64         // names the acquisition (or handoff) that made the hold, unique per owner
-	Raw   bool          // created by an acquire, and Token not yet raised above the floor
+	Raw   bool          // created by an acquire, and no hold has written its base yet: Token counts from 0, not from the floor (docs/design.md)
 	Data  []byte        // the exclusive hold's data
 
 	Kind    string           // "" (Mutex), kindRW, kindElection or "sem/N"
@@ -56,10 +56,16 @@ func (r record) free() bool { return r.Owner == "" && len(r.Shared) == 0 }
 // holds reports whether ref holds r (or, for a waiter's registration,
 // is registered in it).
 func (r record) holds(ref leaseRef) bool {
+	if ref.role == roleExclusive && ref.raw {
+		return r.Owner == ref.owner && r.Hold == ref.hold
+	}
 	if ref.role == roleExclusive {
 		return r.Owner == ref.owner && r.Token == ref.token
 	}
 	e, ok := r.entries(ref.role)[holdKey(ref.owner, ref.hold)]
+	if ref.raw {
+		return ok
+	}
 	if ref.role == roleWaiter {
 		// A registration's token is its queue number. A wait whose
 		// registration was cleared (by a waiter behind it, while its
@@ -169,7 +175,7 @@ type staleEntry struct {
 // token counter and one of its holds. No value that can repeat for a key
 // is a guard on its own. The revision starts again from 1 when Prune
 // deletes a record and a Lock creates it again; so does the token counter
-// of a raw record, until it is raised above the floor (doc.go). A hold's
+// of a raw record, until it is raised above the floor (docs/design.md). A hold's
 // name (its owner and hold id, or a shared hold's key) never repeats, as
 // owners are unique to one Client and hold ids to one owner. The zero
 // stamp is none.
@@ -215,7 +221,7 @@ func (r record) prunable() bool { return r.free() && len(r.Waiters) == 0 && !r.R
 // idleRecord is a record that Prune may delete: its key, and its state
 // when read, which the delete matches. Revision and token together: the
 // revision starts again when the record is created anew, the token of a
-// record that is not raw never does (doc.go).
+// record that is not raw never does (docs/design.md).
 
 type idleRecord struct {
 	key   string
@@ -231,6 +237,29 @@ type leaseRef struct {
 	ttl   time.Duration
 	hold  int64
 	role  role
+
+	// raw: the hold was made on a raw record and may not have written its
+	// base yet, so the record's counter may still be below token. Every
+	// write of the hold then names it by its hold (owner and hold id, or
+	// its shared hold's key), whose name never repeats, instead of by its
+	// token, and writes the base: the counter (and a shared hold's t)
+	// raised to token, raw unset. The write is the same whether the base
+	// was written already or not (docs/design.md, rule 5).
+	raw bool
+}
+
+// settle writes ref's base into r when ref is raw (see leaseRef.raw):
+// what every write of the hold does besides its own change.
+func (r *record) settle(ref leaseRef) {
+	if !ref.raw {
+		return
+	}
+	r.Token, r.Raw = max(r.Token, ref.token), false
+	if hk := holdKey(ref.owner, ref.hold); ref.role == roleShared {
+		e := r.Shared[hk]
+		e.Token = max(e.Token, ref.token)
+		r.Shared[hk] = e
+	}
 }
 
 // role says what a leaseRef names in its record.
@@ -269,6 +298,10 @@ type attempt struct {
 	ahead      []string
 	barge      bool
 
+	// raw: the reply that made the hold showed a raw record, so its
+	// token counts from the floor read after that reply (docs/design.md, rule 5).
+	raw bool
+
 	// spare: the acquire raises the token counter by two, not one, and
 	// the hold's token is the counter less one: the counter itself is
 	// reserved for the hold the primitive's Unlock may keep (keep.go).
@@ -290,7 +323,9 @@ var (
 
 // store is what the lease logic needs from storage. Each method is one
 // round trip unless its comment says otherwise, and each write is atomic on
-// one record.
+// one record. Every write of a hold named by a raw leaseRef (extend,
+// handoff, release, releaseAll, requeue, setData) also writes its base
+// (record.settle).
 type store interface {
 	// acquire makes a.owner the holder of a.key with a new token and hold
 	// id a.hold if the record is absent, already held by this very attempt
@@ -305,7 +340,8 @@ type store interface {
 	// handoff passes an exclusive hold to a new hold of the same owner
 	// with a new token and next's hold id, ttl and data, if no waiter is
 	// registered (the queue gate of next, an unregistered attempt);
-	// errNotOwner when ref no longer holds the key or a waiter is.
+	// errNotOwner when ref no longer holds the key or a waiter is. For a
+	// raw ref the new token is ref.token+1, the base written.
 	handoff(ctx context.Context, ref leaseRef, next attempt) (record, error)
 	// extend refreshes every hold in refs in one write command (or a few,
 	// on servers that handle big commands badly: see ferretBatch), and
@@ -334,10 +370,6 @@ type store interface {
 	// floor returns the collection's floor: at least the token of every
 	// record ever deleted (0 when none was).
 	floor(ctx context.Context) (Token, error)
-	// raise gives attempt a's hold a token above floor (it keeps its token
-	// when that is above already) and marks its record raised; errNotOwner
-	// when a no longer holds the key.
-	raise(ctx context.Context, a attempt, floor Token) (record, error)
 	// idle returns up to limit records that are prunable and were last written
 	// no later than cutoff by the server's clock.
 	idle(ctx context.Context, cutoff time.Time, limit int) ([]idleRecord, error)

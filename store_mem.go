@@ -27,7 +27,7 @@ type memStore struct {
 
 	mu       sync.Mutex
 	records  map[string]record // guarded by mu
-	floorTok Token             // guarded by mu: the floor (see doc.go)
+	floorTok Token             // guarded by mu: the floor (see docs/design.md)
 
 	// observe, when set, is told of every write and delete, with mu held:
 	// before is key's record as it was (the zero record if it had none),
@@ -165,6 +165,7 @@ func (s *memStore) requeue(ctx context.Context, ref leaseRef, next attempt) (rec
 	if !ok || ref.role != roleExclusive || r.Queue > next.queue {
 		return record{}, errNotOwner
 	}
+	r.settle(ref)
 	r.Owner, r.Data = "", nil
 	r.enqueue(next)
 	return s.write(ref.key, r), nil
@@ -199,7 +200,7 @@ func (s *memStore) reap(ctx context.Context, key string, at stamp, stale []stale
 		holds = holds || e.role == roleShared
 	}
 	if !holds {
-		r.Rev-- // registrations only: not holds, so the revision stays (rule 6 of doc.go)
+		r.Rev-- // registrations only: not holds, so the revision stays (rule 6 of docs/design.md)
 	}
 	s.write(key, r)
 	return true, nil
@@ -212,31 +213,6 @@ func (s *memStore) floor(ctx context.Context) (Token, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.floorTok, nil
-}
-
-func (s *memStore) raise(ctx context.Context, a attempt, floor Token) (record, error) {
-	if err := s.begin(ctx); err != nil {
-		return record{}, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r, ok := s.get(a.key)
-	if a.shared {
-		e, held := r.Shared[a.holdKey()]
-		if !ok || !held || r.Token != a.token {
-			return record{}, errNotOwner
-		}
-		r.Token = max(a.token, floor+1)
-		e.Token = r.Token
-		r.Shared[a.holdKey()] = e
-	} else {
-		if !ok || r.Owner != a.owner || r.Hold != a.hold {
-			return record{}, errNotOwner
-		}
-		r.Token = max(r.Token, floor+1)
-	}
-	r.Raw = false
-	return s.write(a.key, r), nil
 }
 
 func (s *memStore) idle(ctx context.Context, cutoff time.Time, limit int) ([]idleRecord, error) {
@@ -299,6 +275,7 @@ func (s *memStore) handoff(ctx context.Context, ref leaseRef, next attempt) (rec
 	if !ok || ref.role != roleExclusive || !r.queueOpen(next) {
 		return record{}, errNotOwner
 	}
+	r.settle(ref)
 	r.Hold, r.TTL, r.Data = next.hold, next.ttl, next.data
 	r.Token++
 	return s.write(ref.key, r), nil
@@ -313,6 +290,7 @@ func (s *memStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error) 
 	ok := make([]bool, len(refs))
 	for i, ref := range refs {
 		if r, held := s.holds(ref); held {
+			r.settle(ref)
 			if ref.role != roleExclusive {
 				hk := holdKey(ref.owner, ref.hold)
 				e := r.entries(ref.role)[hk]
@@ -344,6 +322,7 @@ func (s *memStore) free(ref leaseRef) error {
 	if !ok {
 		return errNotOwner
 	}
+	r.settle(ref)
 	if ref.role == roleExclusive {
 		r.Owner, r.Data = "", nil
 	} else {
@@ -366,6 +345,7 @@ func (s *memStore) setData(ctx context.Context, ref leaseRef, data []byte) error
 	if !ok || ref.role != roleExclusive {
 		return errNotOwner
 	}
+	r.settle(ref)
 	r.Data = bytes.Clone(data)
 	s.write(ref.key, r)
 	return nil
@@ -517,13 +497,6 @@ func (l *memLink) floor(ctx context.Context) (Token, error) {
 		return 0, err
 	}
 	return l.memStore.floor(ctx)
-}
-
-func (l *memLink) raise(ctx context.Context, a attempt, floor Token) (record, error) {
-	if err := l.check(ctx); err != nil {
-		return record{}, err
-	}
-	return l.memStore.raise(ctx, a, floor)
 }
 
 func (l *memLink) idle(ctx context.Context, cutoff time.Time, limit int) ([]idleRecord, error) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,7 +22,7 @@ import (
 )
 
 // Field names of a lock document: {_id: key, owner, token, rev, ttl, at,
-// hold, raw}, and of the floor document {_id: 0, floor}. doc.go has the
+// hold, raw}, and of the floor document {_id: "", floor}. docs/design.md has the
 // design.
 const (
 	fOwner = "owner"
@@ -48,9 +49,13 @@ const (
 	eEpoch = "e"
 )
 
-// floorID is the _id of the floor document: a number, which no key (a
-// string) can equal.
-const floorID = int32(0)
+// floorID is the _id of the floor document: "", which no key can be (an
+// empty key is invalid), and a string, which every supported server finds
+// from its _id index (FerretDB v1 scans the collection for a number).
+// oldFloorID is where dlock kept the floor before: floor copies it once.
+const floorID = ""
+
+const oldFloorID = int32(0)
 
 // lockDoc is the stored form of a record.
 type lockDoc struct {
@@ -251,9 +256,9 @@ var (
 	upsertAfter = options.FindOneAndUpdate().SetReturnDocument(options.After).SetUpsert(true)
 )
 
-// held matches the record while ref holds it (or, for a writer's
-// registration, while it is registered: see record.holds).
-func held(ref leaseRef) bson.D {
+// heldByToken matches the record while ref, not raw, holds it (or, for a
+// writer's registration, while it is registered: see record.holds).
+func heldByToken(ref leaseRef) bson.D {
 	switch ref.role {
 	case roleShared:
 		return bson.D{{Key: "_id", Value: ref.key}, {Key: path(fH, holdKey(ref.owner, ref.hold), eToken), Value: int64(ref.token)}}
@@ -265,6 +270,47 @@ func held(ref leaseRef) bson.D {
 		return bson.D{{Key: "_id", Value: ref.key}, {Key: path(fW, holdKey(ref.owner, ref.hold)), Value: bson.D{{Key: "$regex", Value: "^" + q + ":"}}}}
 	}
 	return bson.D{{Key: "_id", Value: ref.key}, {Key: fOwner, Value: ref.owner}, {Key: fToken, Value: int64(ref.token)}}
+}
+
+// held matches the record while ref holds it (record.holds): for a raw
+// ref by the hold's name, which never repeats, since the counter may
+// still be below ref.token (leaseRef.raw).
+func held(ref leaseRef) bson.D {
+	switch {
+	case ref.raw && ref.role == roleExclusive:
+		return bson.D{{Key: "_id", Value: ref.key}, {Key: fOwner, Value: ref.owner}, {Key: fHold, Value: ref.hold}}
+	case ref.raw && ref.role == roleShared:
+		return bson.D{{Key: "_id", Value: ref.key}, {Key: path(fH, holdKey(ref.owner, ref.hold)), Value: bson.D{{Key: "$exists", Value: true}}}}
+	}
+	return heldByToken(ref)
+}
+
+// based is update with ref's base added when ref is raw (record.settle):
+// the counter, and a shared hold's t unless update removes the hold,
+// raised to ref.token with $max, which writes the same whether the base
+// was written before or not, and raw unset.
+func based(update bson.D, ref leaseRef) bson.D {
+	if !ref.raw {
+		return update
+	}
+	maxes := bson.D{{Key: fToken, Value: int64(ref.token)}}
+	entry := path(fH, holdKey(ref.owner, ref.hold))
+	out := make(bson.D, 0, len(update)+2)
+	unset, ends := false, false
+	for _, op := range update {
+		if op.Key == "$unset" { // a copy: update may be shared (free)
+			ends = slices.ContainsFunc(op.Value.(bson.D), func(e bson.E) bool { return e.Key == entry })
+			op.Value, unset = append(slices.Clone(op.Value.(bson.D)), bson.E{Key: fRaw, Value: ""}), true
+		}
+		out = append(out, op)
+	}
+	if ref.role == roleShared && !ends {
+		maxes = append(maxes, bson.E{Key: path(entry, eToken), Value: int64(ref.token)})
+	}
+	if !unset {
+		out = append(out, bson.E{Key: "$unset", Value: bson.D{{Key: fRaw, Value: ""}}})
+	}
+	return append(out, bson.E{Key: "$max", Value: maxes})
 }
 
 // extension is the update that extends ref.
@@ -361,7 +407,7 @@ func stampFilter(s stamp) bson.D {
 // queueGate is the condition on the registered waiters under which
 // attempt a may take a free key (or take one over): none registered, or,
 // for a registered waiter, its registration still there and every waiter
-// registered before it gone. doc.go has why that is the head of the queue.
+// registered before it gone. docs/design.md has why that is the head of the queue.
 func queueGate(a attempt) bson.D {
 	switch {
 	case a.barge:
@@ -408,7 +454,7 @@ func (s *mongoStore) modify(ctx context.Context, filter, update bson.D, what, ke
 }
 
 // acquireShared adds a shared hold, by a compare-and-set on the token
-// counter (doc.go has why).
+// counter (docs/design.md has why).
 func (s *mongoStore) acquireShared(ctx context.Context, a attempt) (record, error) {
 	filter := bson.D{
 		{Key: "_id", Value: a.key}, {Key: fKind, Value: a.kind}, {Key: fOwner, Value: ""},
@@ -473,7 +519,7 @@ func (s *mongoStore) reap(ctx context.Context, key string, at stamp, stale []sta
 			{Key: "$unset", Value: unset},
 			{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 		}
-		if shared > 0 { // registrations alone are not holds: the revision stays (rule 6 of doc.go)
+		if shared > 0 { // registrations alone are not holds: the revision stays (rule 6 of docs/design.md)
 			update = append(update, bson.E{Key: "$inc", Value: bson.D{{Key: fN, Value: -shared}, {Key: fRev, Value: int64(1)}}})
 		}
 	}
@@ -500,15 +546,24 @@ func duplicateKey(err error) bool {
 
 func (s *mongoStore) handoff(ctx context.Context, ref leaseRef, next attempt) (record, error) {
 	set := bson.D{{Key: fTTL, Value: ttlMillis(next.ttl)}, {Key: fHold, Value: next.hold}}
-	update := bson.D{
-		{Key: "$set", Value: set},
-		{Key: "$inc", Value: bson.D{{Key: fToken, Value: int64(1)}, {Key: fRev, Value: int64(1)}}},
-		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
-	}
+	unset := bson.D{}
 	if next.data != nil {
-		update[0].Value = append(set, bson.E{Key: fData, Value: next.data})
+		set = append(set, bson.E{Key: fData, Value: next.data})
 	} else {
-		update = append(update, bson.E{Key: "$unset", Value: bson.D{{Key: fData, Value: ""}}})
+		unset = append(unset, bson.E{Key: fData, Value: ""})
+	}
+	inc := bson.D{{Key: fToken, Value: int64(1)}, {Key: fRev, Value: int64(1)}}
+	update := bson.D{{Key: "$set", Value: set}, {Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}}}
+	if ref.raw {
+		// The counter is at most ref.token while ref holds the key, raw or
+		// not: one above it is the next token either way.
+		inc = inc[1:]
+		unset = append(unset, bson.E{Key: fRaw, Value: ""})
+		update = append(update, bson.E{Key: "$max", Value: bson.D{{Key: fToken, Value: int64(ref.token) + 1}}})
+	}
+	update = append(update, bson.E{Key: "$inc", Value: inc})
+	if len(unset) > 0 {
+		update = append(update, bson.E{Key: "$unset", Value: unset})
 	}
 	return s.modify(ctx, append(held(ref), queueGate(next)...), update, "hand off", ref.key)
 }
@@ -516,7 +571,7 @@ func (s *mongoStore) handoff(ctx context.Context, ref leaseRef, next attempt) (r
 func (s *mongoStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error) {
 	models := make([]mongo.WriteModel, len(refs))
 	for i, ref := range refs {
-		models[i] = mongo.NewUpdateOneModel().SetFilter(held(ref)).SetUpdate(s.extension(ref))
+		models[i] = mongo.NewUpdateOneModel().SetFilter(held(ref)).SetUpdate(based(s.extension(ref), ref))
 	}
 	matched, err := s.bulkWrite(ctx, models)
 	if err != nil {
@@ -576,12 +631,12 @@ func (s *mongoStore) requeue(ctx context.Context, ref leaseRef, next attempt) (r
 		{Key: "$inc", Value: bson.D{{Key: fRev, Value: int64(1)}}},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}
-	return s.modify(ctx, append(held(ref), queueAtMost(next.queue)), update, "release and requeue", ref.key)
+	return s.modify(ctx, append(held(ref), queueAtMost(next.queue)), based(update, ref), "release and requeue", ref.key)
 }
 
 func (s *mongoStore) release(ctx context.Context, ref leaseRef) error {
 	s.counted(ctx, 1)
-	res, err := s.coll.UpdateOne(ctx, held(ref), ending(ref))
+	res, err := s.coll.UpdateOne(ctx, held(ref), based(ending(ref), ref))
 	switch {
 	case err != nil:
 		return fmt.Errorf("dlock: release %q: %w", ref.key, err)
@@ -598,7 +653,7 @@ func (s *mongoStore) setData(ctx context.Context, ref leaseRef, data []byte) err
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}
 	s.counted(ctx, 1)
-	res, err := s.coll.UpdateOne(ctx, held(ref), update)
+	res, err := s.coll.UpdateOne(ctx, held(ref), based(update, ref))
 	switch {
 	case err != nil:
 		return fmt.Errorf("dlock: set the data of %q: %w", ref.key, err)
@@ -614,7 +669,7 @@ func (s *mongoStore) releaseAll(ctx context.Context, refs []leaseRef) error {
 	}
 	models := make([]mongo.WriteModel, len(refs))
 	for i, ref := range refs {
-		models[i] = mongo.NewUpdateOneModel().SetFilter(held(ref)).SetUpdate(ending(ref))
+		models[i] = mongo.NewUpdateOneModel().SetFilter(held(ref)).SetUpdate(based(ending(ref), ref))
 	}
 	if _, err := s.bulkWrite(ctx, models); err != nil {
 		return fmt.Errorf("dlock: release %d leases: %w", len(refs), err)
@@ -698,35 +753,37 @@ func (s *mongoStore) abandon(ctx context.Context, a attempt) error {
 }
 
 func (s *mongoStore) floor(ctx context.Context) (Token, error) {
+	f, ok, err := s.readFloor(ctx, floorID)
+	if err != nil || ok {
+		return f, err
+	}
+	// No floor document at "": the collection was never pruned, or only
+	// by a dlock that kept the floor at _id 0. Copy that one (0 when it
+	// is missing too), once, so that every later read finds the floor by
+	// its string _id.
+	old, _, err := s.readFloor(ctx, oldFloorID)
+	if err != nil {
+		return 0, err
+	}
+	return old, s.maxFloor(ctx, old)
+}
+
+// readFloor reads the floor document with _id id; ok=false when there is
+// none.
+func (s *mongoStore) readFloor(ctx context.Context, id any) (f Token, ok bool, err error) {
 	s.counted(ctx, 1)
 	var d struct {
 		Floor int64 `bson:"floor"`
 	}
-	err := s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: floorID}}).Decode(&d)
+	err = s.coll.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&d)
 	switch {
 	case err == nil:
-		return Token(d.Floor), nil
+		return Token(d.Floor), true, nil
 	case errors.Is(err, mongo.ErrNoDocuments):
-		return 0, nil
+		return 0, false, nil
 	default:
-		return 0, fmt.Errorf("dlock: read the floor: %w", err)
+		return 0, false, fmt.Errorf("dlock: read the floor: %w", err)
 	}
-}
-
-func (s *mongoStore) raise(ctx context.Context, a attempt, floor Token) (record, error) {
-	filter := bson.D{{Key: "_id", Value: a.key}, {Key: fOwner, Value: a.owner}, {Key: fHold, Value: a.hold}}
-	update := bson.D{
-		{Key: "$max", Value: bson.D{{Key: fToken, Value: int64(floor) + 1}}},
-		{Key: "$unset", Value: bson.D{{Key: fRaw, Value: ""}}},
-		{Key: "$inc", Value: bson.D{{Key: fRev, Value: int64(1)}}},
-		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
-	}
-	if a.shared { // the only holder while raw: a compare-and-set on the counter, as for the acquire
-		t := max(int64(a.token), int64(floor)+1)
-		filter = bson.D{{Key: "_id", Value: a.key}, {Key: fToken, Value: int64(a.token)}, {Key: path(fH, a.holdKey()), Value: bson.D{{Key: "$exists", Value: true}}}}
-		update[0] = bson.E{Key: "$set", Value: bson.D{{Key: fToken, Value: t}, {Key: path(fH, a.holdKey(), eToken), Value: t}}}
-	}
-	return s.modify(ctx, filter, update, "raise above the floor", a.key)
 }
 
 func (s *mongoStore) idle(ctx context.Context, cutoff time.Time, limit int) ([]idleRecord, error) {
@@ -752,6 +809,24 @@ func (s *mongoStore) idle(ctx context.Context, cutoff time.Time, limit int) ([]i
 }
 
 func (s *mongoStore) raiseFloor(ctx context.Context, t Token) error {
+	s.counted(ctx, 1)
+	res, err := s.coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: floorID}}, bson.D{{Key: "$max", Value: bson.D{{Key: fFloor, Value: int64(t)}}}})
+	switch {
+	case err != nil:
+		return fmt.Errorf("dlock: raise the floor: %w", err)
+	case res.MatchedCount == 1:
+		return nil
+	}
+	// No floor document yet: create it from the old one first (floor), so
+	// that it never stands below a floor raised at the old _id.
+	if _, err := s.floor(ctx); err != nil {
+		return err
+	}
+	return s.maxFloor(ctx, t)
+}
+
+// maxFloor raises the floor document to at least t, creating it if need be.
+func (s *mongoStore) maxFloor(ctx context.Context, t Token) error {
 	filter := bson.D{{Key: "_id", Value: floorID}}
 	update := bson.D{{Key: "$max", Value: bson.D{{Key: fFloor, Value: int64(t)}}}}
 	for try := 0; ; try++ {

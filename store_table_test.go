@@ -83,14 +83,45 @@ func tableWrites() map[string]func(ctx context.Context, s store, key string) (re
 		"register at 0": func(ctx context.Context, s store, key string) (record, error) {
 			return s.register(ctx, attempt{key: key, owner: "o5", hold: 2, ttl: time.Second})
 		},
-		"raise": func(ctx context.Context, s store, key string) (record, error) {
-			return s.raise(ctx, attempt{key: key, owner: "o1", hold: 7}, 10)
+		"release, raw ref": func(ctx context.Context, s store, key string) (record, error) {
+			return record{}, s.release(ctx, rawRef(key))
+		},
+		"extend, raw ref": func(ctx context.Context, s store, key string) (record, error) {
+			ok, err := s.extend(ctx, []leaseRef{rawRef(key)})
+			return record{Raw: len(ok) == 1 && ok[0]}, err
+		},
+		"requeue, raw ref": func(ctx context.Context, s store, key string) (record, error) {
+			return s.requeue(ctx, rawRef(key), attempt{key: key, owner: "o1", hold: 8, ttl: time.Second})
+		},
+		"set data, raw ref": func(ctx context.Context, s store, key string) (record, error) {
+			return record{}, s.setData(ctx, rawRef(key), []byte("d"))
+		},
+		"hand off, raw ref": func(ctx context.Context, s store, key string) (record, error) {
+			return s.handoff(ctx, rawRef(key), attempt{key: key, owner: "o1", hold: 8, ttl: time.Second})
+		},
+		"release, raw shared ref": func(ctx context.Context, s store, key string) (record, error) {
+			return record{}, s.release(ctx, rawShared(key))
+		},
+		"extend, raw shared ref": func(ctx context.Context, s store, key string) (record, error) {
+			ok, err := s.extend(ctx, []leaseRef{rawShared(key)})
+			return record{Raw: len(ok) == 1 && ok[0]}, err
 		},
 		"reap takeover of shared": func(ctx context.Context, s store, key string) (record, error) {
 			ok, err := s.reap(ctx, key, stampOf(shared), nil)
 			return record{Raw: ok}, err
 		},
 	}
+}
+
+// rawRef and rawShared name the holds of the states "held raw" and "rw
+// shared raw" as a hold made on a raw record does, with a token counted
+// from a floor of 9 (leaseRef.raw).
+func rawRef(key string) leaseRef {
+	return leaseRef{key: key, owner: "o1", hold: 7, token: 10, ttl: time.Second, raw: true}
+}
+
+func rawShared(key string) leaseRef {
+	return leaseRef{key: key, owner: "o3", hold: 4, token: 10, ttl: time.Second, role: roleShared, raw: true}
 }
 
 // seedDoc is the document a mongoStore keeps for r.

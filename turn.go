@@ -4,7 +4,7 @@ import "time"
 
 // This file is the schedule of a requeued wait: when a Lock that adopted
 // the registration its primitive's Unlock made (requeue.go) sends its
-// acquire attempts. doc.go ("Fairness") has why.
+// acquire attempts. docs/fairness.md has why.
 //
 // A requeued waiter knows when it joined the queue (the reply to its
 // Unlock's write, which also freed the key for the head) and how many
@@ -15,11 +15,11 @@ import "time"
 // until the head's next poll), it sends its first acquire attempt when its
 // turn is due, then retries a short interval apart. The attempt's filter
 // lets it take the key only once every waiter ahead is gone (rule 6 in
-// doc.go), so an early attempt costs one failed command, never the order.
+// docs/design.md), so an early attempt costs one failed command, never the order.
 // No sleep is longer than maxSleep, though: a wait woken before its turn
 // polls as an unplanned one does (turnPlan.due), so that a turn learnt
 // long, or a queue that moved on without it, costs commands, never the
-// liveness bounds of doc.go.
+// liveness bounds of docs/fairness.md.
 //
 // The length of a turn is learnt per primitive, from its own waits (see
 // tookTurn). The first requeued wait with more than one waiter ahead is
@@ -30,7 +30,7 @@ import "time"
 // that is more); when it failed, half an interval later (doubled for each
 // such wait in a row). So, when turns are steady, about a third of the
 // first attempts are early (more when the pull towards the own hold
-// exceeds a quarter interval: doc.go; about one in nine with a single
+// exceeds a quarter interval: docs/fairness.md; about one in nine with a single
 // waiter ahead, whose steps are smaller: tookTurn), and the key rarely
 // stays free and owed to a waiter for longer than a retry interval: a
 // sixteenth of a turn, but at least a sixteenth of the minimum backoff and

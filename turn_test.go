@@ -606,7 +606,7 @@ func headPlanRun(t *testing.T, hold time.Duration, xOpts ...Option) (int, time.D
 
 // A requeued wait whose plan would sleep far longer than a TTL (here its
 // Mutex learnt a turn of ten TTLs) still clears a crashed waiter ahead of
-// it, or takes over from a crashed holder, within the bounds of doc.go:
+// it, or takes over from a crashed holder, within the bounds of docs/fairness.md:
 // no sleep of a wait is longer than maxSleep, and before its turn is due
 // a wait that maxSleep woke polls as an unplanned one does. a's Unlock
 // requeues its next Lock behind b's registration, and b's Client stops
