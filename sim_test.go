@@ -257,7 +257,9 @@ func (l *simLink) requeue(ctx context.Context, ref leaseRef, next attempt) (reco
 }
 
 func (l *simLink) setData(ctx context.Context, ref leaseRef, data []byte) error {
-	_, err := send(l, ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, l.st.setData(ctx, l.unbased(ref), data) })
+	_, err := send(l, ctx, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, l.st.setData(ctx, l.unbased(ref), data)
+	})
 	return err
 }
 
@@ -563,8 +565,8 @@ func drawSimPlan(t *rapid.T, drift float64, mode simMode) simPlan {
 type simChecker struct {
 	mode      simMode
 	mu        sync.Mutex
-	leases    []*simHold          // every hold handed out
-	releasing map[Token]time.Time // when its holder called Unlock
+	leases    []*simHold           // every hold handed out
+	releasing map[Token]time.Time  // when its holder called Unlock
 	lastWrite map[string]time.Time // by hold key: when the last write that applied for the hold was sent
 	lastToken Token
 	failure   string
