@@ -219,8 +219,17 @@ func run(t *testing.T, sc scenario) report {
 			faults = append(faults, on.fault)
 		}
 	}
-	for len(faults) > 0 && time.Now().Before(calm) {
-		time.Sleep(ttl + rand.N(2*ttl)) // time between faults: the schedule, not synchronisation
+	// Each fault ends before calm, however long it lasts: a server still
+	// down, or a holder still frozen, after calm leaves the waiters no
+	// time to show progress.
+	lasts := map[string]time.Duration{faultFreeze: ttl * 3 / 2, faultRestart: 2 * ttl}
+	for len(faults) > 0 {
+		fault := faults[rand.IntN(len(faults))]
+		pause := min(ttl+rand.N(2*ttl), time.Until(calm)-lasts[fault]) // time between faults: the schedule, not synchronisation
+		if pause < 0 {
+			break
+		}
+		time.Sleep(pause)
 		live := []int{}
 		for p, cmd := range procs {
 			if cmd.ProcessState == nil {
@@ -228,7 +237,7 @@ func run(t *testing.T, sc scenario) report {
 			}
 		}
 		p := live[rand.IntN(len(live))]
-		switch fault := faults[rand.IntN(len(faults))]; fault {
+		switch fault {
 		case faultKill:
 			h.log(event{P: p, Op: opFault, Res: fault, T: now()})
 			procs[p].Process.Signal(syscall.SIGKILL)
@@ -244,7 +253,7 @@ func run(t *testing.T, sc scenario) report {
 		case faultRestart:
 			h.log(event{Op: opFault, Res: fault, T: now()})
 			srv.kill()
-			time.Sleep(rand.N(2 * ttl)) // down for up to two TTLs: some leases are lost
+			time.Sleep(rand.N(lasts[fault])) // down for up to two TTLs: some leases are lost
 			srv.start()
 		}
 	}
