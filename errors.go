@@ -3,10 +3,13 @@ package dlock
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 )
 
 // Sentinel errors. Test for them with [errors.Is]: dlock wraps them with
-// context (the key, the token, the cause).
+// context (the key, the token, the cause), in a message that keeps one
+// "dlock: " prefix.
 var (
 	// ErrLocked is returned, wrapped with who holds the key, by
 	// [Mutex.TryLock] when another owner holds the key or another goroutine
@@ -74,7 +77,7 @@ type LeaseLostError struct {
 // Error says which hold was lost, and why.
 func (e *LeaseLostError) Error() string {
 	if e.Cause != nil {
-		return fmt.Sprintf("dlock: lease on %q (token %d) lost: %v", e.Key, e.Token, e.Cause)
+		return fmt.Sprintf("dlock: lease on %q (token %d) lost: %v", e.Key, e.Token, unprefixed{e.Cause})
 	}
 	return fmt.Sprintf("dlock: lease on %q (token %d) lost: taken over or released by another owner", e.Key, e.Token)
 }
@@ -102,3 +105,63 @@ func (e *StaleTokenError) Error() string {
 
 // Is reports whether target is [ErrStaleToken].
 func (e *StaleTokenError) Is(target error) bool { return target == ErrStaleToken }
+
+// prefix begins every message of dlock's, once.
+const prefix = "dlock: "
+
+// errorf is [fmt.Errorf] for dlock's messages, whose format begins with
+// prefix: the errors among args are printed without their own prefix, so
+// that the message reads as one sentence with one "dlock: ". It wraps what
+// fmt.Errorf would wrap, as fmt.Errorf would.
+func errorf(format string, args ...any) error {
+	wrapped := fmt.Errorf(format, args...)
+	shown := make([]any, len(args))
+	for i, a := range args {
+		shown[i] = a
+		if err, ok := a.(error); ok && err != nil {
+			shown[i] = unprefixed{err}
+		}
+	}
+	msg := fmt.Errorf(format, shown...).Error()
+	switch w := wrapped.(type) {
+	case interface{ Unwrap() error }:
+		return &wrapError{msg, w.Unwrap()}
+	case interface{ Unwrap() []error }:
+		return &wrapErrors{msg, w.Unwrap()}
+	}
+	return errors.New(msg)
+}
+
+// keyError wraps err, the failure of op on key, in a message that names
+// the key once: "dlock: <op> <key>: <cause>", or "dlock: <op>: <cause>"
+// when the cause names the key already (as a store's error, a
+// [*LeaseLostError] or a kind mismatch does).
+func keyError(op, key string, err error) error {
+	if q := strconv.Quote(key); !strings.Contains(err.Error(), q) {
+		op += " " + q
+	}
+	return errorf(prefix+"%s: %w", op, err)
+}
+
+// unprefixed prints an error without its "dlock: " prefix.
+type unprefixed struct{ error }
+
+func (e unprefixed) Error() string { return strings.TrimPrefix(e.error.Error(), prefix) }
+
+// wrapError and wrapErrors are what [errorf] returns: fmt's wrappers, with
+// the message errorf made.
+type wrapError struct {
+	msg string
+	err error
+}
+
+func (e *wrapError) Error() string { return e.msg }
+func (e *wrapError) Unwrap() error { return e.err }
+
+type wrapErrors struct {
+	msg  string
+	errs []error
+}
+
+func (e *wrapErrors) Error() string   { return e.msg }
+func (e *wrapErrors) Unwrap() []error { return e.errs }

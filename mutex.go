@@ -2,7 +2,6 @@ package dlock
 
 import (
 	"context"
-	"fmt"
 	"sync"
 )
 
@@ -48,10 +47,12 @@ func (m *Mutex) Lease() *Lease {
 }
 
 // Lock blocks until the Mutex holds its key, or ctx ends. While the key is
-// held by another Client it polls the server with jittered exponential
-// backoff; it takes a key whose holder has stopped extending it once the
-// TTL has passed (see the package documentation for how this is decided
-// without comparing clocks).
+// held by another Client, Lock registers in the key's document and waits
+// its turn: across processes the key goes to waiters first come, first
+// served (docs/fairness.md has the queue, its bounds and how a waiter paces
+// its commands). It takes a key whose holder has stopped extending it once
+// the TTL has passed (see the package documentation for how this is
+// decided without comparing clocks).
 //
 // When ctx ends first, Lock returns an error that matches ctx.Err() with
 // [errors.Is], and leaves nothing held: if its last write may have acquired
@@ -71,7 +72,9 @@ func (m *Mutex) Lock(ctx context.Context) error {
 // TryLock makes one attempt to hold the key and returns an error matching
 // [ErrLocked] when another owner holds it, or when another goroutine or
 // Mutex of this Client holds it or is acquiring it (the message says
-// which). An uncontended TryLock is one command; one that finds the key
+// which). It never queues, and fails while any waiter is registered in the
+// key's document, even the registration of a crashed waiter, until that
+// is reaped. An uncontended TryLock is one command; one that finds the key
 // held reads the document to tell a hold this Client abandoned, which it
 // takes over, and, with [WithServerClockTakeover], one abandoned more
 // than a TTL ago by the server's clock.
@@ -89,8 +92,8 @@ func (m *Mutex) TryLock(ctx context.Context) error {
 // token and no write (another Mutex of the key, in the same Client, takes
 // it by a handoff write, with its own data); a kept hold that no Lock
 // takes within the minimum backoff ([WithBackoff]) is released in the
-// background. Either way the lease has ended when Unlock returns. The
-// package documentation ("Fairness") has when, and the bound on other
+// background. Either way the lease has ended when Unlock returns.
+// docs/fairness.md has when ("Requeue" and "Keep"), and the bound on other
 // Clients' waits.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	if m == nil {
@@ -121,11 +124,11 @@ func (m *Mutex) lock(ctx context.Context, name string, try bool) error {
 	case m.err != nil:
 		return m.err
 	case ctx.Err() != nil:
-		return fmt.Errorf("dlock: lock %q: %w", m.key, ctx.Err())
+		return keyError("lock", m.key, ctx.Err())
 	}
 	l, err := m.c.lockExclusive(ctx, m.claim(), name, try)
 	if err != nil {
-		return fmt.Errorf("dlock: lock %q: %w", m.key, err)
+		return keyError("lock", m.key, err)
 	}
 	m.mu.Lock()
 	m.lease = l
