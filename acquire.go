@@ -7,8 +7,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"go.opentelemetry.io/otel/trace"
 )
 
 // This file is the lease core's acquisition, shared by every primitive:
@@ -315,302 +313,6 @@ func kindError(key, want, got string) error {
 	return fmt.Errorf("%w: %q is used as %s, not as %s", ErrKindMismatch, key, name(got), name(want))
 }
 
-// acquire takes the key exclusively for cl, holding this Client's slot for
-// it. It returns the lease, the number of acquire attempts, and an error
-// when ctx ended, the Client closed, the key is held (with try) or the
-// server failed in a way that waiting will not mend.
-//
-// A call that must wait queues in the key's document (docs/design.md has the
-// design): it registers with the next queue number, and from then on
-// only the head of the queue, the registered waiter with no waiter
-// registered before it, may take the key; an unregistered attempt takes a
-// free key only while no one is registered. So a Client that unlocks and
-// locks again goes behind those already waiting. The registration is kept
-// alive by the extender like a lease; the acquire that takes the key ends
-// it, and a call that gives up removes it. Waiters whose Clients stopped
-// extending their registrations (and, for an RWMutex's writer, shared
-// holds whose owners stopped extending them) are cleared by their epochs
-// (see entryWatch), so a crashed waiter holds up the queue for at most its
-// TTL. A Lock whose primitive waited less than a TTL ago registers at
-// once; otherwise it first tries to take the key, one command when the key
-// is free.
-//
-// A Lock whose Mutex's last Unlock kept its hold (keep.go) first takes
-// that hold over, with no command (a hold another Mutex of the key kept
-// for itself is handed over by one write, as a local handoff is). A wait
-// that adopted a requeued registration sends no command until its turn is
-// due (woken earlier, as maxSleep may wake it, it polls as other waits
-// do), then acquire attempts, whatever its place as last seen (turn.go);
-// after turnRetries early ones, or any other failure, it polls as other
-// waits do. The head polls with acquire attempts, one command that takes
-// the key when it is free; the waiters behind it poll by reading the
-// document, to learn when they are at the head. All the attempts of one
-// call carry one hold id, so a retry after an unanswered attempt finds
-// that attempt's hold its own. The head also reads the record to start a
-// watch on the holder's revision, when a wait outlasts its first poll (a
-// TryLock reads at once), again when that watch says the revision may be
-// taken over, and, while the Lock span is recorded and has named fewer
-// than maxHeldEvents holders, after the failed polls numbered 1, 2, 4, 8
-// and so on, to name each new holder in it: a traced wait of n polls
-// spends at most log2(n) reads more. A read that shows the key takeable is
-// followed by an attempt at once, but only once: if that attempt fails too
-// (a lagging read), the next waits for the poll. A TryLock never queues.
-func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, error) {
-	a := cl.spec
-	a.owner, a.hold = c.owner, c.holds.Add(1)
-	a.barge = c.cfg.flaw == flawUnfair || c.cfg.flaw == flawQueueJump
-	var (
-		w        watch
-		ew       entryWatch
-		q        queueing
-		polls    *poller
-		attempts int
-		unsure   bool   // an attempt may have applied without our seeing the reply
-		rushed   bool   // this attempt followed a read at once
-		lastErr  error  // the last transient failure
-		holder   record // the last holder reported to the trace
-		events   int    // holders reported
-		tp       turnPlan
-		last     = cl.pace.takeFreed() // the key's token counter as this wait (or the Unlock before it) last saw it
-		an       anchor                // this wait's registration, on the server's clock and this Client's (heldSince)
-	)
-	tracing := trace.SpanFromContext(ctx).IsRecording()
-	// sight notes r, the record a command sent at sent returned, and plans
-	// the wait of a head that saw the hold it waits for begin (planHead),
-	// unless the wait was requeued: its turn plan, even once it ran out,
-	// is what teaches the next requeued wait (tookTurn). Not an RWMutex's
-	// writer: a reader's hold moves the counter too, and the writer clears
-	// crashed readers by reading, which a plan would put off.
-	sight := func(r record, sent time.Time) {
-		seen := sighting{sent: sent, token: r.Token, r: r}
-		if tp == (turnPlan{}) && q.registered() && q.head() && !r.free() && a.kind != kindRW && c.cfg.flaw != flawNoTurnPlan {
-			tp = cl.pace.planHead(last, seen, an, cl.cfg)
-		}
-		last = seen
-	}
-	giveUp := func(err error) (*Lease, int, error) {
-		c.unregister(q.reg)
-		return nil, attempts, c.giveUp(ctx, a, unsure, lastErr, err)
-	}
-	ew.hasty = c.cfg.flaw == flawReapLive
-	queues := !try && c.queues(a.kind)
-	_, spares := cl.lk.(requeuer) // its Unlock may keep a hold (keep.go): reserve a spare token
-	spares = spares && c.cfg.flaw != flawNoTurnPlan && c.cfg.flaw != flawUnfair && cl.pace.spare(cl.cfg)
-	pr := c.pickUp(a) // what the last Unlock left for this call: a kept hold, or a registration
-	kept := false     // this call sent a kept hold's handoff (another Mutex's hold, or flawKeepAlways)
-	if pr != nil && pr.kept() {
-		kept = pr.byWrite(cl)
-		l, sent, err := c.resume(ctx, cl, a, pr)
-		switch {
-		case err == nil:
-			return l, sent, nil
-		case errors.Is(err, ErrClosed):
-			return nil, sent, ErrClosed
-		case !errors.Is(err, errNotOwner):
-			unsure, lastErr = true, err // the hold may be a's: the next attempt renews it
-		}
-		pr = nil
-	}
-	if pr != nil {
-		a.hold = pr.a.hold
-	}
-	enqueue := queues && pr == nil && cl.pace.contended(c.clock.Now(), cl.cfg)
-	joined := enqueue || pr != nil // tried to register since the last wait: at most once a poll
-	for {
-		var err error
-		var r record
-		read := false // read the record after this step
-		switch {
-		case enqueue || pr != nil:
-			var joined time.Time   // when an adopted registration was made
-			var busy time.Duration // how long the hold before it lasted
-			sent := c.clock.Now()
-			if pr != nil {
-				r, q.reg, joined, busy, pr = pr.r, pr.lease, pr.at, pr.busy, nil
-			} else {
-				enqueue = false
-				r, err = c.enqueue(ctx, cl, a, &q)
-			}
-			if err == nil && q.registered() { // r is the reply to the wait's own write: its registration, or the requeue that made it
-				answered := joined
-				if answered.IsZero() {
-					answered = c.clock.Now()
-				}
-				sent, an = q.reg.acquired, anchorAt(r.At, q.reg.acquired, answered)
-			}
-			if err == nil {
-				if r.Rev == 0 { // no record: the key is free
-					rushed = true
-					continue
-				}
-				c.watchHolder(ctx, r, &w)
-				err = c.view(cl, a, r, &ew, &q)
-				if err == nil && !joined.IsZero() && q.registered() && c.cfg.flaw != flawNoTurnPlan {
-					tp = cl.pace.planTurn(joined, len(q.ahead), busy, cl.cfg)
-				}
-				if err == nil {
-					sight(r, sent)
-				}
-				if err == nil && q.head() && (r.free() || w.takeover(c.clock.Now()).rev != 0) {
-					rushed = true
-					continue
-				}
-			}
-		case q.head() || tp.due(c.clock.Now()):
-			attempts++
-			a.registered, a.ahead = q.registered(), q.ahead
-			a.spare = a.registered && spares
-			sent := c.clock.Now()
-			r, err = c.store.acquire(ctx, a, w.takeover(sent))
-			rtt := c.clock.Now().Sub(sent) // the acquire's round trip, without the floor read's
-			var base Token
-			if a.raw = err == nil && r.Raw; a.raw {
-				a.spare = false // the base sets the counter: no spare
-				base, err = c.base(ctx, r)
-			}
-			if err == nil {
-				if c.cfg.flaw == flawDeadlineFromReply {
-					sent = c.clock.Now()
-				}
-				if q.reg != nil { // the acquire ended the registration
-					q.reg.end(ErrReleased, "")
-				}
-				t := r.Token + base
-				if a.spare {
-					t--
-				}
-				l, gerr := c.grant(cl, a, t, roleExclusive, sent)
-				if errors.Is(gerr, ErrClosed) {
-					return nil, attempts, ErrClosed
-				}
-				if gerr == nil {
-					cl.pace.sawToken(r.Token, c.clock.Now())
-					cl.pace.sawQueue(r.Queue)
-					cl.pace.tookTurn(tp, c.clock.Now())
-					// A call that sent a keep's handoff may hold by it (the
-					// attempt renews the same hold id): its Unlock keeps nothing.
-					cl.pace.took(sent, c.clock.Now(), rtt, kept)
-					if polls != nil || q.reg != nil {
-						cl.pace.ended(polls.lastOrZero(), c.clock.Now())
-					}
-					return l, attempts, nil
-				}
-				// Answered too late to rely on: the hold is ours on the
-				// server, and the next attempt renews it (same hold id).
-				q = queueing{}
-				unsure, err = true, gerr
-			}
-			switch {
-			case err == nil:
-			case !errors.Is(err, errHeld):
-				unsure, tp.on = true, false
-			case tp.due(sent):
-				err = nil // not its turn yet: retry, reading only to trace, or when the plan ended (turn.go)
-				tp.miss(sent, c.clock.Now())
-				read = !tp.on || tracing && events < maxHeldEvents && attempts&(attempts-1) == 0
-			case rushed:
-				err = nil // wait for the poll: see the doc comment
-			default:
-				err = nil
-				read = (w.rev == 0 && (try || attempts > 1)) || w.takeover(c.clock.Now()).rev != 0 || ew.wait(c.clock.Now()) == 0 ||
-					tracing && events < maxHeldEvents && attempts&(attempts-1) == 0
-			}
-		default: // behind others in the queue: read to learn when at its head
-			read = true
-		}
-		rushed = false
-		if read {
-			sent := c.clock.Now()
-			r, err = c.observe(ctx, a.key, &w)
-			if err == nil {
-				err = c.view(cl, a, r, &ew, &q)
-			}
-			if err == nil {
-				// Name the holder whatever the read leads to (a reap, a rushed
-				// attempt): the next read may come after the key changed hands.
-				if events < maxHeldEvents && tracing && r.Owner != "" && (r.Owner != holder.Owner || r.Token != holder.Token) {
-					c.tel.heldBy(ctx, r)
-					holder = r
-					events++
-				}
-				if stale := ew.due(c.clock.Now()); len(stale) > 0 {
-					// Waiters ahead, or readers, that stopped extending: clear them, then go on.
-					if ok, rerr := c.store.reap(ctx, a.key, stamp{}, stale); rerr == nil && ok {
-						rushed = q.head()
-						continue
-					}
-				}
-				if q.head() && (r.free() || w.takeover(c.clock.Now()).rev != 0) {
-					rushed = true
-					continue // freed meanwhile, a hold of ours no call uses, or due
-				}
-				sight(r, sent)
-			}
-		}
-		switch {
-		case errors.Is(err, ErrKindMismatch):
-			return giveUp(err)
-		case err != nil && (try || ctx.Err() != nil || !(transient(err) || errors.Is(err, errLateReply))):
-			return giveUp(err)
-		case err != nil:
-			// Retry after the wait. A retried acquire that did apply the
-			// first time finds the key ours.
-			lastErr = err
-		case try:
-			return giveUp(errLockedElsewhere)
-		}
-		if queues && !q.registered() && err == nil && !joined {
-			enqueue, joined = true, true // join the queue now, then wait
-			continue
-		}
-		due := &w // when the holder's revision may be taken over: the head's concern alone
-		limit, exact, least := time.Duration(0), false, time.Duration(0)
-		if tp.on {
-			limit, exact = max(tp.next.Sub(c.clock.Now()), 0), true
-			if tp.head { // a head's plan keeps within the backoff's bounds: see WithBackoff
-				limit = min(limit, cl.cfg.maxBackoff)
-			}
-		} else if period := cl.pace.period(c.clock.Now(), cl.cfg.ttl); period > 0 && q.registered() {
-			// The key changes hands about every period: the head polls
-			// four times a period; a waiter behind others reads when
-			// about one is left ahead of it, and then (next after the
-			// head) every 3/4 of a period, to learn when it is the head
-			// (each wait at least the minimum backoff): measured with
-			// BenchmarkFairness, waiting longer leaves the key free
-			// longer, and polling more costs commands.
-			switch now := c.clock.Now(); {
-			case q.head():
-				limit = max(period/4, cl.cfg.minBackoff/4)
-			case now.Before(q.eta):
-				// Until the estimate, but at most the maximum backoff: a
-				// period estimated early, from a counter seen moving a few
-				// times, can be far too long (measured: a sleep of 437 ms
-				// while the key sat free and owed to this waiter for 176).
-				limit, exact = min(max(q.eta.Sub(now), cl.cfg.minBackoff), cl.cfg.maxBackoff), true
-			default:
-				limit = max(period/2, cl.cfg.minBackoff/4)
-			}
-		} else if own := cl.pace.ownHold(); own > 0 && q.registered() && !q.head() {
-			// No period known (the counter seen once, or still for a
-			// TTL): behind a waiter that may be slow to come (its first
-			// wait, on the backoff), the reads that would see its hold
-			// begin need not be close together, as the record dates the
-			// hold (heldSince): read no more often than every half hold
-			// of this Mutex's, and at least every maximum backoff, as
-			// before. (Measured, 2 Clients holding 300 ms: 1 to 5 reads
-			// there before; session 20 in the README.)
-			least = min(own/2, cl.cfg.maxBackoff)
-		}
-		if !q.head() {
-			due = &watch{}
-		}
-		if err := c.waitPoll(ctx, cl, &polls, due, &ew, limit, exact, least); err != nil {
-			return giveUp(err)
-		}
-		joined = false
-	}
-}
-
 // queues reports whether an exclusive wait for a key of kind queues in
 // the document (not with the flawed variants that keep waiters out).
 func (c *Client) queues(kind string) bool {
@@ -782,140 +484,178 @@ func (c *Client) unregister(reg *Lease) {
 // document whose revision stood still for a TTL is cleared whole (every
 // hold in it has ended), both by writes conditional on what was read.
 func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease, int, error) {
-	a := cl.spec
-	a.owner, a.hold = c.owner, c.holds.Add(1)
-	var (
-		w        watch
-		ew       entryWatch
-		polls    *poller
-		attempts int
-		unsure   bool  // an attempt may have applied without our seeing the reply
-		lastErr  error // the last transient failure
-	)
-	giveUp := func(err error) (*Lease, int, error) {
-		return nil, attempts, c.giveUp(ctx, a, unsure, lastErr, err)
-	}
-	// take makes the lease of the hold a has in r, its token counted from
-	// the floor if r is raw.
-	take := func(r record, sent time.Time) (*Lease, error) {
-		a.raw = r.Raw
-		base, err := c.base(ctx, r)
-		if err != nil {
-			return nil, err
-		}
-		cl.seen.set(r.Token)
-		if c.cfg.flaw == flawDeadlineFromReply {
-			sent = c.clock.Now()
-		}
-		l, err := c.grant(cl, a, r.Shared[a.holdKey()].Token+base, roleShared, sent)
-		if err == nil {
-			l.settle(ctx) // others join a raw record only once it is empty (record.sharable)
-		}
-		return l, err
-	}
+	x := &sharedWait{c: c, ctx: ctx, cl: cl, a: cl.spec}
+	x.a.owner, x.a.hold = c.owner, c.holds.Add(1)
 	if c.cfg.flaw == flawSharedOverLimit {
-		a.limit++
+		x.a.limit++
 	}
-	var known bool
-	a.token, known = cl.seen.get()
-	ew.hasty = c.cfg.flaw == flawReapLive
-	ready, afterRead := known, false
-	var firstSent time.Time // when the first attempt whose outcome is unknown was sent
+	var ready bool
+	x.a.token, ready = cl.seen.get()
+	x.ew.hasty = c.cfg.flaw == flawReapLive
+	afterRead := false
 	for {
 		var err error
 		read := !ready
 		if ready {
-			attempts++
-			sent := c.clock.Now()
-			var r record
-			r, err = c.store.acquire(ctx, a, stamp{})
-			if err == nil {
-				var l *Lease
-				if l, err = take(r, sent); err == nil {
-					if polls != nil {
-						cl.pace.ended(polls.last, c.clock.Now())
-					}
-					return l, attempts, nil
-				}
-				if errors.Is(err, ErrClosed) {
-					return nil, attempts, ErrClosed
-				}
-			}
-			switch {
-			case errors.Is(err, errHeld) && !afterRead:
-				err, read = nil, true // a stale counter, or taken meanwhile: read at once
-			case errors.Is(err, errHeld):
-				err = nil // the read that sent it lagged: wait for the poll
-			default:
-				if !unsure {
-					unsure, firstSent = true, sent
-				}
+			var done bool
+			if done, read, err = x.attemptOnce(afterRead); done {
+				return x.lease, x.attempts, err
 			}
 		}
 		ready, afterRead = false, false
 		if read {
-			var r record
-			r, err = c.store.read(ctx, a.key)
-			now := c.clock.Now()
-			switch {
-			case err != nil:
-			case r.Rev != 0 && r.Kind != a.kind:
-				return giveUp(kindError(a.key, a.kind, r.Kind))
-			case r.Shared[a.holdKey()].Owner != "":
-				// An earlier attempt of this call applied: the hold counts
-				// from when the first attempt that may have made it was sent.
-				l, terr := take(r, firstSent)
-				switch {
-				case terr == nil:
-					return l, attempts, nil
-				case errors.Is(terr, ErrClosed):
-					return nil, attempts, ErrClosed
-				}
-				// Too late to rely on, or its raise failed: give it back, and
-				// go on with a new hold id.
-				old := a
-				c.tidy(a.ttl, func(ctx context.Context) { c.store.abandon(ctx, old) })
-				a.hold, unsure, err = c.holds.Add(1), false, terr
-			default:
-				a.token = r.Token
-				cl.seen.set(r.Token)
-				if r.sharable(a) {
-					ready, afterRead = true, true
-					continue
-				}
-				if r.free() {
-					w = watch{} // no hold to take over: registered writers block it (ew)
-				} else {
-					w.observe(r, now, -1)
-				}
-				blockers := []role{roleWaiter} // a registered writer blocks new shared holds
-				if len(r.Shared) >= a.limit {
-					blockers = append(blockers, roleShared) // and so does a full Semaphore
-				}
-				ew.observe(r, now, blockers...)
-				if at := w.takeover(now); at.rev != 0 {
-					if ok, rerr := c.store.reap(ctx, a.key, at, nil); rerr == nil && ok {
-						continue // cleared: read again at once
-					}
-				} else if stale := ew.due(now); len(stale) > 0 {
-					if ok, rerr := c.store.reap(ctx, a.key, stamp{}, stale); rerr == nil && ok {
-						continue
-					}
-				}
+			var s step
+			switch s, err = x.read(); s {
+			case stepDone:
+				return x.lease, x.attempts, err
+			case stepAgain:
+				ready, afterRead = x.ready, x.ready
+				continue
 			}
 		}
 		switch {
 		case err != nil && (try || ctx.Err() != nil || !(transient(err) || errors.Is(err, errLateReply))):
-			return giveUp(err)
+			return nil, x.attempts, x.giveUp(err)
 		case err != nil:
-			lastErr = err
+			x.lastErr = err
 		case try:
-			return giveUp(errLockedElsewhere)
+			return nil, x.attempts, x.giveUp(errLockedElsewhere)
 		}
-		if err := c.waitPoll(ctx, cl, &polls, &w, &ew, 0, false, 0); err != nil {
-			return giveUp(err)
+		if err := c.waitPoll(ctx, cl, &x.polls, &x.w, &x.ew, 0, false, 0); err != nil {
+			return nil, x.attempts, x.giveUp(err)
 		}
 	}
+}
+
+// A sharedWait is one shared acquisition in progress: what the steps of
+// Client.acquireShared share.
+type sharedWait struct {
+	c     *Client
+	ctx   context.Context
+	cl    claim
+	a     attempt
+	lease *Lease // the hold taken, when the wait ends with it
+
+	w         watch
+	ew        entryWatch
+	polls     *poller
+	attempts  int
+	unsure    bool      // an attempt may have applied without our seeing the reply
+	firstSent time.Time // when the first attempt whose outcome is unknown was sent
+	lastErr   error     // the last transient failure
+	ready     bool      // with stepAgain from read: the record looks takeable, attempt at once
+}
+
+func (x *sharedWait) giveUp(err error) error {
+	return x.c.giveUp(x.ctx, x.a, x.unsure, x.lastErr, err)
+}
+
+// take makes the lease of the hold a has in r, its token counted from the
+// floor if r is raw.
+func (x *sharedWait) take(r record, sent time.Time) (*Lease, error) {
+	c := x.c
+	x.a.raw = r.Raw
+	base, err := c.base(x.ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	x.cl.seen.set(r.Token)
+	if c.cfg.flaw == flawDeadlineFromReply {
+		sent = c.clock.Now()
+	}
+	l, err := c.grant(x.cl, x.a, r.Shared[x.a.holdKey()].Token+base, roleShared, sent)
+	if err == nil {
+		l.settle(x.ctx) // others join a raw record only once it is empty (record.sharable)
+	}
+	return l, err
+}
+
+// attemptOnce sends one shared acquire at the counter last seen: done
+// with x.lease when it took a hold (or with ErrClosed); otherwise the
+// error to act on and whether to read at once (afterRead: the attempt
+// followed a read, which lagged if it failed: wait for the poll).
+func (x *sharedWait) attemptOnce(afterRead bool) (done, read bool, err error) {
+	c := x.c
+	x.attempts++
+	sent := c.clock.Now()
+	r, err := c.store.acquire(x.ctx, x.a, stamp{})
+	if err == nil {
+		if x.lease, err = x.take(r, sent); err == nil {
+			if x.polls != nil {
+				x.cl.pace.ended(x.polls.last, c.clock.Now())
+			}
+			return true, false, nil
+		}
+		if errors.Is(err, ErrClosed) {
+			return true, false, ErrClosed
+		}
+	}
+	switch {
+	case errors.Is(err, errHeld) && !afterRead:
+		return false, true, nil // a stale counter, or taken meanwhile: read at once
+	case errors.Is(err, errHeld):
+		return false, false, nil // the read that sent it lagged: wait for the poll
+	case !x.unsure:
+		x.unsure, x.firstSent = true, sent
+	}
+	return false, false, err
+}
+
+// read reads the record: it takes a hold that an earlier attempt of this
+// call made, or starts a new round at once when the record has room
+// (x.ready) or when it cleared what blocked the wait.
+func (x *sharedWait) read() (step, error) {
+	c, a := x.c, &x.a
+	r, err := c.store.read(x.ctx, a.key)
+	now := c.clock.Now()
+	switch {
+	case err != nil:
+		return stepOn, err
+	case r.Rev != 0 && r.Kind != a.kind:
+		return stepDone, x.giveUp(kindError(a.key, a.kind, r.Kind))
+	case r.Shared[a.holdKey()].Owner != "":
+		// An earlier attempt of this call applied: the hold counts from
+		// when the first attempt that may have made it was sent.
+		l, err := x.take(r, x.firstSent)
+		switch {
+		case err == nil:
+			x.lease = l
+			return stepDone, nil
+		case errors.Is(err, ErrClosed):
+			return stepDone, ErrClosed
+		}
+		// Too late to rely on, or its floor read failed: give it back,
+		// and go on with a new hold id.
+		old := *a
+		c.tidy(a.ttl, func(ctx context.Context) { c.store.abandon(ctx, old) })
+		a.hold, x.unsure = c.holds.Add(1), false
+		return stepOn, err
+	}
+	a.token = r.Token
+	x.cl.seen.set(r.Token)
+	if x.ready = r.sharable(*a); x.ready {
+		return stepAgain, nil
+	}
+	if r.free() {
+		x.w = watch{} // no hold to take over: registered writers block it (ew)
+	} else {
+		x.w.observe(r, now, -1)
+	}
+	blockers := []role{roleWaiter} // a registered writer blocks new shared holds
+	if len(r.Shared) >= a.limit {
+		blockers = append(blockers, roleShared) // and so does a full Semaphore
+	}
+	x.ew.observe(r, now, blockers...)
+	if at := x.w.takeover(now); at.rev != 0 {
+		if ok, rerr := c.store.reap(x.ctx, a.key, at, nil); rerr == nil && ok {
+			return stepAgain, nil // cleared: read again at once
+		}
+	} else if stale := x.ew.due(now); len(stale) > 0 {
+		if ok, rerr := c.store.reap(x.ctx, a.key, stamp{}, stale); rerr == nil && ok {
+			return stepAgain, nil
+		}
+	}
+	return stepOn, nil
 }
 
 // sharable reports whether r takes a shared hold of attempt a now: no

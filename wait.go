@@ -1,0 +1,425 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+)
+
+// acquire takes the key exclusively for cl, holding this Client's slot for
+// it. It returns the lease, the number of acquire attempts, and an error
+// when ctx ended, the Client closed, the key is held (with try) or the
+// server failed in a way that waiting will not mend.
+//
+// A call that must wait queues in the key's document (docs/design.md has the
+// design): it registers with the next queue number, and from then on
+// only the head of the queue, the registered waiter with no waiter
+// registered before it, may take the key; an unregistered attempt takes a
+// free key only while no one is registered. So a Client that unlocks and
+// locks again goes behind those already waiting. The registration is kept
+// alive by the extender like a lease; the acquire that takes the key ends
+// it, and a call that gives up removes it. Waiters whose Clients stopped
+// extending their registrations (and, for an RWMutex's writer, shared
+// holds whose owners stopped extending them) are cleared by their epochs
+// (see entryWatch), so a crashed waiter holds up the queue for at most its
+// TTL. A Lock whose primitive waited less than a TTL ago registers at
+// once; otherwise it first tries to take the key, one command when the key
+// is free.
+//
+// A Lock whose Mutex's last Unlock kept its hold (keep.go) first takes
+// that hold over, with no command (a hold another Mutex of the key kept
+// for itself is handed over by one write, as a local handoff is). A wait
+// that adopted a requeued registration sends no command until its turn is
+// due (woken earlier, as maxSleep may wake it, it polls as other waits
+// do), then acquire attempts, whatever its place as last seen (turn.go);
+// after turnRetries early ones, or any other failure, it polls as other
+// waits do. The head polls with acquire attempts, one command that takes
+// the key when it is free; the waiters behind it poll by reading the
+// document, to learn when they are at the head. All the attempts of one
+// call carry one hold id, so a retry after an unanswered attempt finds
+// that attempt's hold its own. The head also reads the record to start a
+// watch on the holder's revision, when a wait outlasts its first poll (a
+// TryLock reads at once), again when that watch says the revision may be
+// taken over, and, while the Lock span is recorded and has named fewer
+// than maxHeldEvents holders, after the failed polls numbered 1, 2, 4, 8
+// and so on, to name each new holder in it: a traced wait of n polls
+// spends at most log2(n) reads more. A read that shows the key takeable is
+// followed by an attempt at once, but only once: if that attempt fails too
+// (a lagging read), the next waits for the poll. A TryLock never queues.
+//
+// The steps: 1. take over what the last Unlock left (resumeKept); then, a
+// round at a time, 2. register (join), attempt (attemptOnce) or read,
+// 3. act on what it saw (settle), 4. wait for the next round (pause).
+func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, error) {
+	x := c.newExclusiveWait(ctx, cl, try)
+	if l, err, done := x.resumeKept(); done {
+		return l, x.attempts, err
+	}
+	for {
+		var s step
+		var err error
+		read := false
+		switch {
+		case x.enqueue || x.pr != nil:
+			s, err = x.join()
+		case x.q.head() || x.tp.due(c.clock.Now()):
+			s, read, err = x.attemptOnce()
+		default: // behind others in the queue: read to learn when at its head
+			read = true
+		}
+		switch s {
+		case stepAgain:
+			continue
+		case stepDone:
+			return x.lease, x.attempts, err
+		}
+		x.rushed = false
+		if read {
+			if s, err = x.read(); s == stepAgain {
+				continue
+			}
+		}
+		switch s, err = x.settle(err); s {
+		case stepAgain:
+			continue
+		case stepDone:
+			return nil, x.attempts, err
+		}
+		if err := x.pause(); err != nil {
+			return nil, x.attempts, x.giveUp(err)
+		}
+	}
+}
+
+// A step says how a round of an exclusive wait goes on.
+type step int
+
+const (
+	stepOn    step = iota // to the round's next step
+	stepAgain             // to a new round at once, with no wait
+	stepDone              // the wait ended
+)
+
+// An exclusiveWait is one exclusive acquisition in progress: what the
+// steps of Client.acquire share.
+type exclusiveWait struct {
+	c     *Client
+	ctx   context.Context
+	cl    claim
+	try   bool
+	a     attempt
+	lease *Lease // with stepDone from attemptOnce: the hold taken
+
+	w        watch
+	ew       entryWatch
+	q        queueing
+	polls    *poller
+	tp       turnPlan
+	last     sighting  // the key's token counter as this wait (or the Unlock before it) last saw it
+	an       anchor    // this wait's registration, on the server's clock and this Client's (heldSince)
+	pr       *leftover // what the last Unlock left for this call, until the wait adopts it
+	attempts int
+	unsure   bool   // an attempt may have applied without our seeing the reply
+	rushed   bool   // this attempt follows a read at once
+	lastErr  error  // the last transient failure
+	holder   record // the last holder reported to the trace
+	events   int    // holders reported
+	tracing  bool   // the Lock span is recorded
+	queues   bool   // the wait registers in the key's queue
+	spares   bool   // its attempts reserve a spare token (keep.go)
+	kept     bool   // this call sent a kept hold's handoff (another Mutex's hold, or flawKeepAlways)
+	enqueue  bool   // register in the next round
+	joined   bool   // tried to register since the last wait: at most once a poll
+}
+
+func (c *Client) newExclusiveWait(ctx context.Context, cl claim, try bool) *exclusiveWait {
+	x := &exclusiveWait{c: c, ctx: ctx, cl: cl, try: try, a: cl.spec, last: cl.pace.takeFreed()}
+	x.a.owner, x.a.hold = c.owner, c.holds.Add(1)
+	x.a.barge = c.cfg.flaw == flawUnfair || c.cfg.flaw == flawQueueJump
+	x.tracing = trace.SpanFromContext(ctx).IsRecording()
+	x.ew.hasty = c.cfg.flaw == flawReapLive
+	x.queues = !try && c.queues(x.a.kind)
+	_, spares := cl.lk.(requeuer) // its Unlock may keep a hold (keep.go): reserve a spare token
+	x.spares = spares && c.cfg.flaw != flawNoTurnPlan && c.cfg.flaw != flawUnfair && cl.pace.spare(cl.cfg)
+	x.pr = c.pickUp(x.a) // what the last Unlock left for this call: a kept hold, or a registration
+	return x
+}
+
+// giveUp ends the wait with err: see Client.giveUp.
+func (x *exclusiveWait) giveUp(err error) error {
+	x.c.unregister(x.q.reg)
+	return x.c.giveUp(x.ctx, x.a, x.unsure, x.lastErr, err)
+}
+
+// resumeKept takes over the hold that the last Unlock kept for this call,
+// if it did (done), or else adopts the registration it left, if any; the
+// wait then registers at once if its primitive waited less than a TTL ago.
+func (x *exclusiveWait) resumeKept() (l *Lease, err error, done bool) {
+	c, pr := x.c, x.pr
+	if pr != nil && pr.kept() {
+		x.kept = pr.byWrite(x.cl)
+		l, sent, err := c.resume(x.ctx, x.cl, x.a, pr)
+		x.attempts = sent
+		switch {
+		case err == nil:
+			return l, nil, true
+		case errors.Is(err, ErrClosed):
+			return nil, ErrClosed, true
+		case !errors.Is(err, errNotOwner):
+			x.unsure, x.lastErr = true, err // the hold may be a's: the next attempt renews it
+		}
+		x.pr = nil
+	}
+	if x.pr != nil {
+		x.a.hold = x.pr.a.hold
+	}
+	x.enqueue = x.queues && x.pr == nil && x.cl.pace.contended(c.clock.Now(), x.cl.cfg)
+	x.joined = x.enqueue || x.pr != nil
+	return nil, nil, false
+}
+
+// sight notes r, the record a command sent at sent returned, and plans
+// the wait of a head that saw the hold it waits for begin (planHead),
+// unless the wait was requeued: its turn plan, even once it ran out, is
+// what teaches the next requeued wait (tookTurn). Not an RWMutex's
+// writer: a reader's hold moves the counter too, and the writer clears
+// crashed readers by reading, which a plan would put off.
+func (x *exclusiveWait) sight(r record, sent time.Time) {
+	seen := sighting{sent: sent, token: r.Token, r: r}
+	if x.tp == (turnPlan{}) && x.q.registered() && x.q.head() && !r.free() && x.a.kind != kindRW && x.c.cfg.flaw != flawNoTurnPlan {
+		x.tp = x.cl.pace.planHead(x.last, seen, x.an, x.cl.cfg)
+	}
+	x.last = seen
+}
+
+// join registers the wait in the key's queue, or adopts the registration
+// that the last Unlock made for it (requeue.go), and brings the wait up
+// to date with the record its write returned.
+func (x *exclusiveWait) join() (step, error) {
+	c, cl := x.c, x.cl
+	var r record
+	var err error
+	var joined time.Time   // when an adopted registration was made
+	var busy time.Duration // how long the hold before it lasted
+	sent := c.clock.Now()
+	if x.pr != nil {
+		r, x.q.reg, joined, busy, x.pr = x.pr.r, x.pr.lease, x.pr.at, x.pr.busy, nil
+	} else {
+		x.enqueue = false
+		r, err = c.enqueue(x.ctx, cl, x.a, &x.q)
+	}
+	if err != nil {
+		return stepOn, err
+	}
+	if x.q.registered() { // r is the reply to the wait's own write: its registration, or the requeue that made it
+		answered := joined
+		if answered.IsZero() {
+			answered = c.clock.Now()
+		}
+		sent, x.an = x.q.reg.acquired, anchorAt(r.At, x.q.reg.acquired, answered)
+	}
+	if r.Rev == 0 { // no record: the key is free
+		x.rushed = true
+		return stepAgain, nil
+	}
+	c.watchHolder(x.ctx, r, &x.w)
+	if err := c.view(cl, x.a, r, &x.ew, &x.q); err != nil {
+		return stepOn, err
+	}
+	if !joined.IsZero() && x.q.registered() && c.cfg.flaw != flawNoTurnPlan {
+		x.tp = cl.pace.planTurn(joined, len(x.q.ahead), busy, cl.cfg)
+	}
+	x.sight(r, sent)
+	if x.q.head() && (r.free() || x.w.takeover(c.clock.Now()).rev != 0) {
+		x.rushed = true
+		return stepAgain, nil
+	}
+	return stepOn, nil
+}
+
+// attemptOnce sends one acquire: stepDone with x.lease when it took the
+// key (or with ErrClosed); otherwise the error to act on and whether to
+// read the record before the next round.
+func (x *exclusiveWait) attemptOnce() (s step, read bool, err error) {
+	c := x.c
+	x.attempts++
+	x.a.registered, x.a.ahead = x.q.registered(), x.q.ahead
+	x.a.spare = x.a.registered && x.spares
+	sent := c.clock.Now()
+	r, err := c.store.acquire(x.ctx, x.a, x.w.takeover(sent))
+	rtt := c.clock.Now().Sub(sent) // the acquire's round trip, without the floor read's
+	var base Token
+	if x.a.raw = err == nil && r.Raw; x.a.raw {
+		x.a.spare = false // the base sets the counter: no spare
+		base, err = c.base(x.ctx, r)
+	}
+	if err == nil {
+		l, gerr := x.take(r, base, sent, rtt)
+		if gerr == nil || errors.Is(gerr, ErrClosed) {
+			x.lease = l
+			return stepDone, false, gerr
+		}
+		// Answered too late to rely on: the hold is ours on the server,
+		// and the next attempt renews it (same hold id).
+		x.q = queueing{}
+		x.unsure, err = true, gerr
+	}
+	switch {
+	case err == nil:
+	case !errors.Is(err, errHeld):
+		x.unsure, x.tp.on = true, false
+	case x.tp.due(sent):
+		err = nil // not its turn yet: retry, reading only to trace, or when the plan ended (turn.go)
+		x.tp.miss(sent, c.clock.Now())
+		read = !x.tp.on || x.tracing && x.events < maxHeldEvents && x.attempts&(x.attempts-1) == 0
+	case x.rushed:
+		err = nil // wait for the poll: see Client.acquire
+	default:
+		err = nil
+		now := c.clock.Now()
+		read = (x.w.rev == 0 && (x.try || x.attempts > 1)) || x.w.takeover(now).rev != 0 || x.ew.wait(now) == 0 ||
+			x.tracing && x.events < maxHeldEvents && x.attempts&(x.attempts-1) == 0
+	}
+	return stepOn, read, err
+}
+
+// take makes the lease of the hold that the acquire sent at sent made in
+// r, its tokens counted from base, and tells the primitive's pacing.
+func (x *exclusiveWait) take(r record, base Token, sent time.Time, rtt time.Duration) (*Lease, error) {
+	c, cl := x.c, x.cl
+	if c.cfg.flaw == flawDeadlineFromReply {
+		sent = c.clock.Now()
+	}
+	if x.q.reg != nil { // the acquire ended the registration
+		x.q.reg.end(ErrReleased, "")
+	}
+	t := r.Token + base
+	if x.a.spare {
+		t--
+	}
+	l, err := c.grant(cl, x.a, t, roleExclusive, sent)
+	if err != nil {
+		return nil, err
+	}
+	cl.pace.sawToken(r.Token, c.clock.Now())
+	cl.pace.sawQueue(r.Queue)
+	cl.pace.tookTurn(x.tp, c.clock.Now())
+	// A call that sent a keep's handoff may hold by it (the attempt renews
+	// the same hold id): its Unlock keeps nothing.
+	cl.pace.took(sent, c.clock.Now(), rtt, x.kept)
+	if x.polls != nil || x.q.reg != nil {
+		cl.pace.ended(x.polls.lastOrZero(), c.clock.Now())
+	}
+	return l, nil
+}
+
+// read reads the record: it names a new holder in the trace, clears the
+// waiters ahead (or readers) that stopped extending, and starts a new
+// round at once when the key can be taken.
+func (x *exclusiveWait) read() (step, error) {
+	c := x.c
+	sent := c.clock.Now()
+	r, err := c.observe(x.ctx, x.a.key, &x.w)
+	if err == nil {
+		err = c.view(x.cl, x.a, r, &x.ew, &x.q)
+	}
+	if err != nil {
+		return stepOn, err
+	}
+	// Name the holder whatever the read leads to (a reap, a rushed
+	// attempt): the next read may come after the key changed hands.
+	if x.events < maxHeldEvents && x.tracing && r.Owner != "" && (r.Owner != x.holder.Owner || r.Token != x.holder.Token) {
+		c.tel.heldBy(x.ctx, r)
+		x.holder = r
+		x.events++
+	}
+	if stale := x.ew.due(c.clock.Now()); len(stale) > 0 {
+		// Waiters ahead, or readers, that stopped extending: clear them, then go on.
+		if ok, rerr := c.store.reap(x.ctx, x.a.key, stamp{}, stale); rerr == nil && ok {
+			x.rushed = x.q.head()
+			return stepAgain, nil
+		}
+	}
+	if x.q.head() && (r.free() || x.w.takeover(c.clock.Now()).rev != 0) {
+		x.rushed = true
+		return stepAgain, nil // freed meanwhile, a hold of ours no call uses, or due
+	}
+	x.sight(r, sent)
+	return stepOn, nil
+}
+
+// settle acts on the round's error: it ends the wait on one that waiting
+// will not mend (or on any, with try), and registers a wait that has not
+// yet, at once.
+func (x *exclusiveWait) settle(err error) (step, error) {
+	switch {
+	case errors.Is(err, ErrKindMismatch):
+		return stepDone, x.giveUp(err)
+	case err != nil && (x.try || x.ctx.Err() != nil || !(transient(err) || errors.Is(err, errLateReply))):
+		return stepDone, x.giveUp(err)
+	case err != nil:
+		// Retry after the wait. A retried acquire that did apply the
+		// first time finds the key ours.
+		x.lastErr = err
+	case x.try:
+		return stepDone, x.giveUp(errLockedElsewhere)
+	}
+	if x.queues && !x.q.registered() && err == nil && !x.joined {
+		x.enqueue, x.joined = true, true // join the queue now, then wait
+		return stepAgain, nil
+	}
+	return stepOn, nil
+}
+
+// pause waits for the next round: as the turn plan says, or paced by how
+// often the key changes hands, or on the backoff (waitPoll).
+func (x *exclusiveWait) pause() error {
+	c, cl := x.c, x.cl
+	due := &x.w // when the holder's revision may be taken over: the head's concern alone
+	limit, exact, least := time.Duration(0), false, time.Duration(0)
+	if x.tp.on {
+		limit, exact = max(x.tp.next.Sub(c.clock.Now()), 0), true
+		if x.tp.head { // a head's plan keeps within the backoff's bounds: see WithBackoff
+			limit = min(limit, cl.cfg.maxBackoff)
+		}
+	} else if period := cl.pace.period(c.clock.Now(), cl.cfg.ttl); period > 0 && x.q.registered() {
+		// The key changes hands about every period: the head polls four
+		// times a period; a waiter behind others reads when about one is
+		// left ahead of it, and then (next after the head) every 3/4 of a
+		// period, to learn when it is the head (each wait at least the
+		// minimum backoff): measured with BenchmarkFairness, waiting
+		// longer leaves the key free longer, and polling more costs
+		// commands.
+		switch now := c.clock.Now(); {
+		case x.q.head():
+			limit = max(period/4, cl.cfg.minBackoff/4)
+		case now.Before(x.q.eta):
+			// Until the estimate, but at most the maximum backoff: a
+			// period estimated early, from a counter seen moving a few
+			// times, can be far too long (measured: a sleep of 437 ms
+			// while the key sat free and owed to this waiter for 176).
+			limit, exact = min(max(x.q.eta.Sub(now), cl.cfg.minBackoff), cl.cfg.maxBackoff), true
+		default:
+			limit = max(period/2, cl.cfg.minBackoff/4)
+		}
+	} else if own := cl.pace.ownHold(); own > 0 && x.q.registered() && !x.q.head() {
+		// No period known (the counter seen once, or still for a TTL):
+		// behind a waiter that may be slow to come (its first wait, on
+		// the backoff), the reads that would see its hold begin need not
+		// be close together, as the record dates the hold (heldSince):
+		// read no more often than every half hold of this Mutex's, and at
+		// least every maximum backoff. (Measured, 2 Clients holding 300
+		// ms: 1 to 5 reads there before.)
+		least = min(own/2, cl.cfg.maxBackoff)
+	}
+	if !x.q.head() {
+		due = &watch{}
+	}
+	if err := c.waitPoll(x.ctx, cl, &x.polls, due, &x.ew, limit, exact, least); err != nil {
+		return err
+	}
+	x.joined = false
+	return nil
+}
