@@ -248,13 +248,15 @@ func (c *Client) waitPoll(ctx context.Context, cl claim, polls **poller, w *watc
 		p := cl.pace.start(now, cl.cfg)
 		*polls = &p
 	}
-	d := max((*polls).next(), least)
+	backoff := (*polls).next()
+	d := max(backoff, least)
 	switch {
 	case exact:
 		d = limit
 	case limit > 0:
 		d = min(d, limit)
 	}
+	d = c.cfg.pacer.sleep(d, backoff)
 	// Wake when a watch comes due, not again and again once it is: an
 	// attempt that could not act on it (the server out of reach) waits for
 	// the poll, rather than spinning.

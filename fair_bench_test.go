@@ -37,7 +37,7 @@ import (
 //
 // Each row runs three times: variant=before, the Client built with
 // withFlaw(flawUnfair), dlock before fair queueing, where every poll races;
-// variant=unplanned, with withFlaw(flawNoTurnPlan), fair queueing without
+// variant=unplanned, with withPacer(backoffPacer{}), fair queueing without
 // the requeued waits' schedule (turn.go), whose waiters read the document
 // to learn when they are at the head; and variant=after, as shipped. Besides the metrics (see runFairness),
 // each row logs one line of a markdown table for the README; the header is
@@ -69,7 +69,7 @@ func BenchmarkFairness(b *testing.B) {
 			case "before":
 				opts = append(opts, withFlaw(flawUnfair))
 			case "unplanned":
-				opts = append(opts, withFlaw(flawNoTurnPlan))
+				opts = append(opts, withPacer(backoffPacer{}))
 			}
 			b.Run(r.name()+"/variant="+variant, func(b *testing.B) {
 				runFairness(b, r, variant, opts...)

@@ -351,11 +351,17 @@ func TestQueuePollsWithinMaxBackoff(t *testing.T) {
 // Unlock (here TTL/6), so the next waiter takes the key between
 // TTL-TTL/3 and TTL+poll after the Unlock.
 func TestFairQueueCrashedWaiter(t *testing.T) {
+	for _, tc := range pacers() {
+		t.Run(tc.name, func(t *testing.T) { crashedWaiterScene(t, withPacer(tc.pacer)) })
+	}
+}
+
+func crashedWaiterScene(t *testing.T, pace Option) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newMemStore()
-		a, _ := memClient(t, st)
-		b, hb := memClient(t, st)
-		c, _ := memClient(t, st)
+		a, _ := memClient(t, st, pace)
+		b, hb := memClient(t, st, pace)
+		c, _ := memClient(t, st, pace)
 		ma := a.NewMutex("k")
 		require.NoError(t, ma.Lock(context.Background()))
 

@@ -84,10 +84,10 @@ func (p *pacing) keeping(cfg *config) bool {
 	if p.held.IsZero() {
 		return false
 	}
-	switch cfg.flaw {
-	case flawNoTurnPlan:
+	switch {
+	case !cfg.pacer.plans():
 		return false
-	case flawKeepAlways:
+	case cfg.flaw == flawKeepAlways:
 	default:
 		if p.kept {
 			return false

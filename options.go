@@ -66,13 +66,14 @@ type config struct {
 	meterProvider  metric.MeterProvider
 	wrapStore      func(store) store // tests: inject faults
 	flaw           flaw              // tests: a deliberately broken variant (sim_test.go)
+	pacer          pacer             // how waits are paced: rulesPacer, or another in tests (withPacer)
 
 	forLock bool // applying options for one lock (Mutex, RWMutex, Semaphore, Election)
 	err     error
 }
 
 func defaultConfig() config {
-	return config{ttl: DefaultTTL, minBackoff: DefaultMinBackoff, maxBackoff: DefaultMaxBackoff, observe: DefaultObserveInterval, clock: systemClock{}}
+	return config{ttl: DefaultTTL, minBackoff: DefaultMinBackoff, maxBackoff: DefaultMaxBackoff, observe: DefaultObserveInterval, clock: systemClock{}, pacer: rulesPacer{}}
 }
 
 // applyAll applies opts in order; a nil one is an invalid option.
@@ -168,15 +169,17 @@ func WithMaxHold(d time.Duration) Option {
 // Lock's polls of a held key: it starts near min and doubles up to max. A
 // Lock queued in the key's document polls on a schedule derived from how
 // often the key changes hands instead (before that is known, from how long
-// its Mutex holds the key), within these bounds, except the
-// head of the queue, which polls at most every min/4 (or, having seen the
-// hold it waits for begin, sends an attempt only every max until that
-// hold is due to end), and a Lock that its
-// Mutex's Unlock queued, which sends nothing until its turn is due,
-// however long that is (see "Fairness" in the package documentation); min
-// is also the requeue window there. A Mutex whose last wait ended less
-// than a TTL ago starts from the interval that wait reached instead of
-// min. Defaults: [DefaultMinBackoff] and [DefaultMaxBackoff].
+// its Mutex holds the key), within these bounds, except the head of the
+// queue, which polls at most every min/4 (or, having seen the hold it
+// waits for begin, sends an attempt only every max until that hold is due
+// to end), and a Lock that its Mutex's Unlock queued, which plans to send
+// nothing until its turn is due. Whatever the schedule, no wait sleeps
+// longer than 1.5·max at a time: a planned wait woken before its turn
+// polls as any other does, and keeps its plan. docs/fairness.md has the
+// schedules, and min as the requeue and keep window. A Mutex whose last
+// wait ended less than a TTL ago starts from the interval that wait
+// reached instead of min. Defaults: [DefaultMinBackoff] and
+// [DefaultMaxBackoff].
 func WithBackoff(min, max time.Duration) Option {
 	return optionFunc(func(c *config) {
 		if min <= 0 || max < min {
@@ -343,9 +346,13 @@ const (
 	flawReapLive                  // a waiter clears shared holds and registrations without waiting out their TTL
 	flawUnfair                    // exclusive waiters do not queue in the document: every poll races (dlock before fair queueing)
 	flawQueueJump                 // exclusive waiters register in the queue, but every attempt ignores it
-	flawNoTurnPlan                // a requeued wait polls as any other and no Unlock keeps its hold (dlock before turn.go and keep.go): for benchmarks, not a fault
 	flawKeepAlways                // an Unlock under contention keeps its hold even when its Lock took a kept one (then with no spare token, so the next Lock takes it by a handoff write past the queue): a Client takes every turn in a row
 )
+
+// withPacer paces the Client's waits with p instead of rulesPacer.
+func withPacer(p pacer) Option {
+	return clientOnly("withPacer", func(c *config) { c.pacer = p })
+}
 
 // withFlaw makes the Client's logic deliberately unsound; tests only.
 func withFlaw(f flaw) Option {

@@ -439,6 +439,7 @@ type simPlan struct {
 	stepBy  []time.Duration
 	prunes  []simPrune
 	late    int // how late each of the janitor's deletes arrives (simLink.lateDelete)
+	pacer   pacer
 }
 
 // simPrune is a Prune call by one of the Clients.
@@ -830,7 +831,7 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 				storeFlaw(link)
 			}
 			c, err := newClientOn(func(*telemetry) store { return link },
-				WithTTL(simClientTTL), withClock(newSkewedClock(cp.offset, cp.rate)), withFlaw(f), WithOwner(fmt.Sprint("client-", id)))
+				WithTTL(simClientTTL), withClock(newSkewedClock(cp.offset, cp.rate)), withFlaw(f), WithOwner(fmt.Sprint("client-", id)), withPacer(cmp.Or[pacer](plan.pacer, rulesPacer{})))
 			if err != nil {
 				k.fail("%v", err)
 				return
@@ -1110,7 +1111,9 @@ func TestSimulation(t *testing.T) {
 	var simulated time.Duration
 	rapid.Check(t, func(rt *rapid.T) {
 		runs++
-		failure, stats := runSim(t, drawSimPlan(rt, MaxClockDrift, simAny), noFlaw, nil)
+		plan := drawSimPlan(rt, MaxClockDrift, simAny)
+		plan.pacer = drawPacer(rt)
+		failure, stats := runSim(t, plan, noFlaw, nil)
 		holds, writes, pruned, queued, simulated = holds+stats.holds, writes+stats.writes, pruned+stats.pruned, queued+stats.queued, simulated+stats.simulated
 		if failure != "" {
 			rt.Fatal(failure)
@@ -1118,6 +1121,35 @@ func TestSimulation(t *testing.T) {
 	})
 	t.Logf("%d runs in %v: %d holds (%d taken with waiters registered), %d checked writes, %d documents pruned, %v simulated",
 		runs, time.Since(start).Round(time.Millisecond), holds, queued, writes, pruned, simulated.Round(time.Second))
+}
+
+// drawPacer draws how a run's waits are paced: by dlock's rules in half
+// the runs; otherwise at random within the caps (with or without the
+// rules' plans), or on plain backoff. Safety and every liveness check of
+// the run must hold for each: the pacer's mistakes cost commands only.
+func drawPacer(t *rapid.T) pacer {
+	switch rapid.IntRange(0, 3).Draw(t, "pacer") {
+	case 0:
+		return randomPacer{max: 2 * maxSleep(&config{maxBackoff: DefaultMaxBackoff}), plan: rapid.Bool().Draw(t, "randomPlans")}
+	case 1:
+		return backoffPacer{}
+	}
+	return rulesPacer{}
+}
+
+// TestSimulationPacers runs the simulation with each pacer alone.
+func TestSimulationPacers(t *testing.T) {
+	for _, tc := range pacers() {
+		t.Run(tc.name, func(t *testing.T) {
+			rapid.Check(t, func(rt *rapid.T) {
+				plan := drawSimPlan(rt, MaxClockDrift, simAny)
+				plan.pacer = tc.pacer
+				if failure, _ := runSim(t, plan, noFlaw, nil); failure != "" {
+					rt.Fatal(failure)
+				}
+			})
+		})
+	}
 }
 
 // The simulation catches flawed variants of the real code, and clocks

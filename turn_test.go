@@ -49,7 +49,7 @@ func (s slowStore) release(ctx context.Context, ref leaseRef) error {
 // too early, and, every other turn, the handoff of a kept hold (keep.go).
 // A requeued wait sends its attempts when its turn is due (turn.go)
 // instead of reading the document to learn when it reaches the head;
-// without that and the keep (flawNoTurnPlan, dlock before turn.go and
+// without that and the keep (backoffPacer, dlock before turn.go and
 // keep.go) the same run costs more, which shows the check has teeth. The commands are counted after a few rounds, once the waits
 // have learnt how long a turn is. (The order of the turns is checked by
 // TestFairQueueNoStarvation and, on every write, by the simulation.)
@@ -67,7 +67,7 @@ func TestTurnPlanCommands(t *testing.T) {
 		wantCheap bool
 	}{
 		{"turn plan", nil, true},
-		{"no turn plan", []Option{withFlaw(flawNoTurnPlan)}, false},
+		{"no turn plan", []Option{withPacer(backoffPacer{})}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -467,7 +467,7 @@ func TestTurnPlanRunsOut(t *testing.T) {
 // y's hold in the reply. With the plan, x's Lock sends at most three
 // acquire attempts: the one before it registers, the first of the plan
 // (within a few milliseconds of the hold's end), and a retry. Without it
-// (flawNoTurnPlan), x polls through y's hold, on a backoff that starts
+// (backoffPacer), x polls through y's hold, on a backoff that starts
 // from the minimum: a dozen or more. With a maximum backoff of 100 ms, the
 // plan sleeps no longer than that at a time (WithBackoff): an attempt
 // about every 100 ms.
@@ -480,7 +480,7 @@ func TestHeadPlan(t *testing.T) {
 		longest time.Duration // between two of x's commands, at most
 	}{
 		{"plan", []Option{WithBackoff(time.Millisecond, 2*hold)}, 3, 2 * hold},
-		{"no plan", []Option{WithBackoff(time.Millisecond, 2*hold), withFlaw(flawNoTurnPlan)}, 0, 2 * hold},
+		{"no plan", []Option{WithBackoff(time.Millisecond, 2*hold), withPacer(backoffPacer{})}, 0, 2 * hold},
 		{"plan within the maximum backoff", []Option{WithBackoff(time.Millisecond, 100*time.Millisecond)}, 14, 150 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -613,86 +613,90 @@ func headPlanRun(t *testing.T, hold time.Duration, xOpts ...Option) (int, time.D
 // (every store call hangs, as a crashed or cut-off process's would):
 // while it waits, or just after it took the key a's Unlock freed.
 func TestRequeuedWaitCrashAhead(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		holds bool // b takes the key before its Client stops
-	}{
-		{name: "waiter ahead crashes"},
-		{name: "holder crashes", holds: true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				st := newMemStore()
-				a, ha := memClient(t, st)
-				b, hb := memClient(t, st)
-				c, _ := memClient(t, st)
-				ma, mb, mc := a.NewMutex("k"), b.NewMutex("k"), c.NewMutex("k")
-				ctx := context.Background()
-				bctx, bcancel := context.WithCancel(ctx)
-				defer bcancel()
-				lockB := func() chan error {
-					ch := make(chan error, 1)
-					go func() { ch <- mb.Lock(bctx) }()
-					synctest.Wait()
-					return ch
-				}
-				// As requeueScene: a holds the key, and its next Unlock
-				// requeues; b waits, registered.
-				require.NoError(t, mc.Lock(ctx))
-				aErr, bErr := lockAsync(ma), lockB()
-				require.NoError(t, mc.Unlock(ctx))
-				require.NoError(t, <-aErr)
-				require.NoError(t, ma.Unlock(ctx))
-				aErr = lockAsync(ma)
-				require.NoError(t, <-bErr)
-				require.NoError(t, mb.Unlock(ctx))
-				bErr = lockB()
-				require.NoError(t, <-aErr)
-				require.Equal(t, []string{b.owner}, waiters(st, "k"))
-
-				ops := []string{"acquire", "handoff", "extend", "release", "setData", "releaseAll", "abandon", "read",
-					"floor", "raise", "idle", "raiseFloor", "remove", "register", "requeue", "reap", "serverTime"}
-				crash := func() {
-					for _, op := range ops {
-						hb.on(op, hang)
-					}
-				}
-				if !tc.holds {
-					crash()
-				}
-				ma.pace.mu.Lock()
-				ma.pace.turn = 10 * DefaultTTL // the plan: ten TTLs for the one waiter ahead
-				ma.pace.mu.Unlock()
-				time.Sleep(10 * time.Millisecond) // work: a hold too long to keep (keep.go)
-				requeues, registers := ha.count("requeue"), ha.count("register")
-				require.NoError(t, ma.Unlock(ctx))
-				unlocked := time.Now()
-				aErr = make(chan error, 1)
-				go func() { aErr <- ma.Lock(ctx) }()
-				last := unlocked // b's last write that a waits out
-				if tc.holds {
-					require.NoError(t, <-bErr)
-					last = time.Now()
-					crash()
-				}
-				require.NoError(t, <-aErr)
-				took := time.Since(last)
-				t.Logf("a took the key %v after b's last write", took)
-				require.Equal(t, requeues+1, ha.count("requeue"), "a's Unlock requeued")
-				require.Equal(t, registers, ha.count("register"), "a's Lock adopted the requeued registration")
-				assert.LessOrEqual(t, took, DefaultTTL+fairPoll+10*time.Millisecond, "b held a up too long")
-				assert.GreaterOrEqual(t, took, DefaultTTL-DefaultTTL/3, "a cleared b before it stood still for a TTL")
-				assert.Equal(t, a.owner, holder(st, "k").Owner)
-
-				for _, op := range ops {
-					hb.on(op, nil)
-				}
-				bcancel()
-				if !tc.holds {
-					require.ErrorIs(t, <-bErr, context.Canceled)
-				}
-				require.NoError(t, ma.Unlock(ctx))
-			})
-		})
+	for _, pc := range pacers() {
+		for _, tc := range []struct {
+			name  string
+			holds bool // b takes the key before its Client stops
+		}{
+			{name: "waiter ahead crashes"},
+			{name: "holder crashes", holds: true},
+		} {
+			t.Run(pc.name+"/"+tc.name, func(t *testing.T) { requeuedCrashScene(t, tc.holds, withPacer(pc.pacer)) })
+		}
 	}
+}
+
+func requeuedCrashScene(t *testing.T, holds bool, pace Option) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		a, ha := memClient(t, st, pace)
+		b, hb := memClient(t, st, pace)
+		c, _ := memClient(t, st, pace)
+		ma, mb, mc := a.NewMutex("k"), b.NewMutex("k"), c.NewMutex("k")
+		ctx := context.Background()
+		bctx, bcancel := context.WithCancel(ctx)
+		defer bcancel()
+		lockB := func() chan error {
+			ch := make(chan error, 1)
+			go func() { ch <- mb.Lock(bctx) }()
+			synctest.Wait()
+			return ch
+		}
+		// As requeueScene: a holds the key, and its next Unlock
+		// requeues; b waits, registered.
+		require.NoError(t, mc.Lock(ctx))
+		aErr, bErr := lockAsync(ma), lockB()
+		require.NoError(t, mc.Unlock(ctx))
+		require.NoError(t, <-aErr)
+		require.NoError(t, ma.Unlock(ctx))
+		aErr = lockAsync(ma)
+		require.NoError(t, <-bErr)
+		require.NoError(t, mb.Unlock(ctx))
+		bErr = lockB()
+		require.NoError(t, <-aErr)
+		require.Equal(t, []string{b.owner}, waiters(st, "k"))
+
+		ops := []string{"acquire", "handoff", "extend", "release", "setData", "releaseAll", "abandon", "read",
+			"floor", "raise", "idle", "raiseFloor", "remove", "register", "requeue", "reap", "serverTime"}
+		crash := func() {
+			for _, op := range ops {
+				hb.on(op, hang)
+			}
+		}
+		if !holds {
+			crash()
+		}
+		ma.pace.mu.Lock()
+		ma.pace.turn = 10 * DefaultTTL // the plan: ten TTLs for the one waiter ahead
+		ma.pace.mu.Unlock()
+		time.Sleep(10 * time.Millisecond) // work: a hold too long to keep (keep.go)
+		requeues, registers := ha.count("requeue"), ha.count("register")
+		require.NoError(t, ma.Unlock(ctx))
+		unlocked := time.Now()
+		aErr = make(chan error, 1)
+		go func() { aErr <- ma.Lock(ctx) }()
+		last := unlocked // b's last write that a waits out
+		if holds {
+			require.NoError(t, <-bErr)
+			last = time.Now()
+			crash()
+		}
+		require.NoError(t, <-aErr)
+		took := time.Since(last)
+		t.Logf("a took the key %v after b's last write", took)
+		require.Equal(t, requeues+1, ha.count("requeue"), "a's Unlock requeued")
+		require.Equal(t, registers, ha.count("register"), "a's Lock adopted the requeued registration")
+		assert.LessOrEqual(t, took, DefaultTTL+fairPoll+10*time.Millisecond, "b held a up too long")
+		assert.GreaterOrEqual(t, took, DefaultTTL-DefaultTTL/3, "a cleared b before it stood still for a TTL")
+		assert.Equal(t, a.owner, holder(st, "k").Owner)
+
+		for _, op := range ops {
+			hb.on(op, nil)
+		}
+		bcancel()
+		if !holds {
+			require.ErrorIs(t, <-bErr, context.Canceled)
+		}
+		require.NoError(t, ma.Unlock(ctx))
+	})
 }

@@ -142,7 +142,7 @@ func (c *Client) newExclusiveWait(ctx context.Context, cl claim, try bool) *excl
 	x.ew.hasty = c.cfg.flaw == flawReapLive
 	x.queues = !try && c.queues(x.a.kind)
 	_, spares := cl.lk.(requeuer) // its Unlock may keep a hold (keep.go): reserve a spare token
-	x.spares = spares && c.cfg.flaw != flawNoTurnPlan && c.cfg.flaw != flawUnfair && cl.pace.spare(cl.cfg)
+	x.spares = spares && c.cfg.pacer.plans() && c.cfg.flaw != flawUnfair && cl.pace.spare(cl.cfg)
 	x.pr = c.pickUp(x.a) // what the last Unlock left for this call: a kept hold, or a registration
 	return x
 }
@@ -188,7 +188,7 @@ func (x *exclusiveWait) resumeKept() (l *Lease, err error, done bool) {
 // crashed readers by reading, which a plan would put off.
 func (x *exclusiveWait) sight(r record, sent time.Time) {
 	seen := sighting{sent: sent, token: r.Token, r: r}
-	if x.tp == (turnPlan{}) && x.q.registered() && x.q.head() && !r.free() && x.a.kind != kindRW && x.c.cfg.flaw != flawNoTurnPlan {
+	if x.tp == (turnPlan{}) && x.q.registered() && x.q.head() && !r.free() && x.a.kind != kindRW && x.c.cfg.pacer.plans() {
 		x.tp = x.cl.pace.planHead(x.last, seen, x.an, x.cl.cfg)
 	}
 	x.last = seen
@@ -228,7 +228,7 @@ func (x *exclusiveWait) join() (step, error) {
 	if err := c.view(cl, x.a, r, &x.ew, &x.q); err != nil {
 		return stepOn, err
 	}
-	if !joined.IsZero() && x.q.registered() && c.cfg.flaw != flawNoTurnPlan {
+	if !joined.IsZero() && x.q.registered() && c.cfg.pacer.plans() {
 		x.tp = cl.pace.planTurn(joined, len(x.q.ahead), busy, cl.cfg)
 	}
 	x.sight(r, sent)
