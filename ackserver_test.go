@@ -39,8 +39,8 @@ func newAckClient(tb testing.TB) *mongo.Collection {
 }
 
 // startAckServer starts s and returns a collection on it, both closed when
-// the test ends.
-func startAckServer(tb testing.TB, s *ackServer) *mongo.Collection {
+// the test ends; opts adjust the driver's options.
+func startAckServer(tb testing.TB, s *ackServer, opts ...func(*options.ClientOptions)) *mongo.Collection {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
@@ -48,10 +48,14 @@ func startAckServer(tb testing.TB, s *ackServer) *mongo.Collection {
 	s.ln, s.conns = ln, map[net.Conn]struct{}{}
 	s.wg.Add(1)
 	go s.accept()
-	client, err := mongo.Connect(options.Client().
+	o := options.Client().
 		ApplyURI("mongodb://" + ln.Addr().String() + "/?directConnection=true").
 		SetServerAPIOptions(options.ServerAPI(options.ServerAPIVersion1)). // OP_MSG from the handshake on
-		SetMonitor(&event.CommandMonitor{Started: commands.started}))
+		SetMonitor(&event.CommandMonitor{Started: commands.started})
+	for _, opt := range opts {
+		opt(o)
+	}
+	client, err := mongo.Connect(o)
 	if err != nil {
 		tb.Fatal(err)
 	}

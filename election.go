@@ -116,7 +116,7 @@ func (e *Election) Lease() *Lease {
 // bytes returns [ErrInvalidOption] with no command sent.
 func (e *Election) Campaign(ctx context.Context, value string) (*Lease, error) {
 	if err := e.check(ctx, value); err != nil {
-		return nil, fmt.Errorf("dlock: campaign %q: %w", e.Name(), err)
+		return nil, keyError("campaign", e.Name(), err)
 	}
 	if old := e.Lease(); old != nil && old.Err() != nil {
 		old.Release(ctx) // a lost term: give its place in the Client's queue up, at once
@@ -125,7 +125,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Lease, error) {
 		spec: attempt{key: e.name, ttl: e.cfg.ttl, data: []byte(value), kind: e.kind()}}
 	l, err := e.c.lockExclusive(ctx, cl, "dlock.Campaign", false)
 	if err != nil {
-		return nil, fmt.Errorf("dlock: campaign %q: %w", e.name, err)
+		return nil, keyError("campaign", e.name, err)
 	}
 	l.settle(ctx) // Leader reads a raw record as led by nobody
 	e.mu.Lock()
@@ -143,10 +143,10 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Lease, error) {
 // [Client.Prune]), is not reported.
 func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	if err := e.check(ctx, ""); err != nil {
-		return Leader{}, fmt.Errorf("dlock: leader of %q: %w", e.Name(), err)
+		return Leader{}, keyError("leader of", e.Name(), err)
 	}
 	if err := e.c.begin(); err != nil {
-		return Leader{}, fmt.Errorf("dlock: leader of %q: %w", e.name, err)
+		return Leader{}, keyError("leader of", e.name, err)
 	}
 	defer e.c.finish()
 	r, err := e.c.store.read(ctx, e.name)
@@ -194,20 +194,20 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 		return ErrNotHeld
 	}
 	if err := e.check(ctx, value); err != nil {
-		return fmt.Errorf("dlock: proclaim %q: %w", e.name, err)
+		return keyError("proclaim", e.name, err)
 	}
 	l := e.Lease()
 	if l == nil {
-		return fmt.Errorf("dlock: proclaim %q: %w", e.name, ErrNotHeld)
+		return keyError("proclaim", e.name, ErrNotHeld)
 	}
 	if err := l.Err(); err != nil {
 		return e.notLeading(err)
 	}
 	if !l.stop.IsZero() && !e.c.clock.Now().Before(l.lastDue) {
-		return fmt.Errorf("dlock: proclaim %q: %w: the term writes nothing after its last extension", e.name, ErrMaxHold)
+		return errorf("dlock: proclaim %q: %w: the term writes nothing after its last extension", e.name, ErrMaxHold)
 	}
 	if err := e.c.begin(); err != nil {
-		return fmt.Errorf("dlock: proclaim %q: %w", e.name, err)
+		return keyError("proclaim", e.name, err)
 	}
 	defer e.c.finish()
 	data := []byte(value)
@@ -219,7 +219,7 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 	case errors.Is(err, errNotOwner):
 		return e.notLeading(l.steal())
 	case ctx.Err() != nil:
-		return fmt.Errorf("dlock: proclaim %q: %w", e.name, ctx.Err())
+		return keyError("proclaim", e.name, ctx.Err())
 	}
 	return err
 }
@@ -229,7 +229,7 @@ func (e *Election) notLeading(err error) error {
 	if errors.Is(err, ErrReleased) { // resigned, or ended by Close
 		err = ErrNotHeld
 	}
-	return fmt.Errorf("dlock: proclaim %q: %w", e.name, err)
+	return keyError("proclaim", e.name, err)
 }
 
 // kind is the kind of the Election's key (see kindOf).

@@ -132,15 +132,16 @@ func errorf(format string, args ...any) error {
 	return errors.New(msg)
 }
 
-// keyError wraps err, the failure of op on key, in a message that names
-// the key once: "dlock: <op> <key>: <cause>", or "dlock: <op>: <cause>"
-// when the cause names the key already (as a store's error, a
-// [*LeaseLostError] or a kind mismatch does).
+// keyError wraps err, the failure of op on key: "dlock: <op> <key>:
+// <cause>". An error that names the key already (a store's error, a
+// [*LeaseLostError], a kind mismatch) says what failed, and is returned as
+// it is rather than name the key twice.
 func keyError(op, key string, err error) error {
-	if q := strconv.Quote(key); !strings.Contains(err.Error(), q) {
-		op += " " + q
+	q := strconv.Quote(key)
+	if strings.Contains(err.Error(), q) {
+		return err
 	}
-	return errorf(prefix+"%s: %w", op, err)
+	return errorf(prefix+"%s %s: %w", op, q, err)
 }
 
 // unprefixed prints an error without its "dlock: " prefix.

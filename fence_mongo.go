@@ -38,7 +38,7 @@ func UpdateFenced(ctx context.Context, coll *mongo.Collection, filter, update an
 	}
 	res, err := coll.UpdateOne(ctx, w.guarded, w.update)
 	if err != nil {
-		return nil, fmt.Errorf("dlock: fenced update: %w", err)
+		return nil, failed(err, "dlock: fenced update")
 	}
 	if res.MatchedCount == 1 {
 		return res, nil
@@ -84,7 +84,7 @@ func FindFenced(ctx context.Context, coll *mongo.Collection, filter any, t Token
 	case err == nil:
 		return d, nil
 	case !errors.Is(err, mongo.ErrNoDocuments):
-		return nil, fmt.Errorf("dlock: fenced find: %w", err)
+		return nil, failed(err, "dlock: fenced find")
 	}
 	return nil, w.missed(ctx, coll)
 }
@@ -153,7 +153,7 @@ func upsertFenced(ctx context.Context, coll *mongo.Collection, updateOne updateO
 			return res, nil
 		}
 		if !mongo.IsDuplicateKeyError(err) {
-			return nil, fmt.Errorf("dlock: fenced upsert: %w", err)
+			return nil, failed(err, "dlock: fenced upsert")
 		}
 		// The filter missed and the insert found the _id taken: by a
 		// fence above t, or by a writer that created the document since
@@ -163,11 +163,11 @@ func upsertFenced(ctx context.Context, coll *mongo.Collection, updateOne updateO
 		case stale != nil:
 			return nil, stale
 		case rerr != nil && !errors.Is(rerr, mongo.ErrNoDocuments):
-			return nil, fmt.Errorf("dlock: fenced upsert: %w", rerr)
+			return nil, failed(rerr, "dlock: fenced upsert")
 		case attempt == upsertAttempts && rerr != nil:
-			return nil, fmt.Errorf("dlock: fenced upsert: the filter's _id belongs to a document the filter does not match: %w", err)
+			return nil, failed(err, "dlock: fenced upsert: the filter's _id belongs to a document the filter does not match")
 		case attempt == upsertAttempts:
-			return nil, fmt.Errorf("dlock: fenced upsert: %d attempts: %w", attempt, err)
+			return nil, failed(err, "dlock: fenced upsert: %d attempts", attempt)
 		}
 		// Created (or deleted) since the filter missed: the next attempt
 		// updates it (or creates it).
@@ -211,7 +211,7 @@ func (w *fencedWrite) missed(ctx context.Context, coll *mongo.Collection) error 
 	case errors.Is(err, mongo.ErrNoDocuments):
 		return fmt.Errorf("dlock: %s: %w", w.op, mongo.ErrNoDocuments)
 	case err != nil:
-		return fmt.Errorf("dlock: %s: %w", w.op, err)
+		return failed(err, "dlock: %s", w.op)
 	case stale == nil:
 		// The document admits t now: it changed between the two round
 		// trips. The operation missed all the same; report it as stale,

@@ -3,7 +3,6 @@ package dlock
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"slices"
 )
 
@@ -38,7 +37,7 @@ func (c *Client) Holders(ctx context.Context, key string) ([]Holder, error) {
 		return nil, err
 	}
 	if err := c.begin(); err != nil {
-		return nil, fmt.Errorf("dlock: holders of %q: %w", key, err)
+		return nil, keyError("holders of", key, err)
 	}
 	defer c.finish()
 	r, err := c.store.read(ctx, key)

@@ -3,7 +3,6 @@ package dlock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 )
 
@@ -52,7 +51,7 @@ type syncLocker struct {
 // Lock blocks until the Mutex holds its key; see [Mutex.Locker].
 func (l syncLocker) Lock() {
 	if err := l.m.Lock(context.Background()); err != nil {
-		panic(fmt.Errorf("dlock: Locker.Lock: %w", err))
+		panic(errorf("dlock: Locker.Lock: %w", err))
 	}
 }
 
@@ -66,6 +65,6 @@ func (l syncLocker) Unlock() {
 		defer cancel()
 	}
 	if err := m.Unlock(ctx); errors.Is(err, ErrNotHeld) {
-		panic(fmt.Errorf("dlock: Locker.Unlock of an unlocked Mutex: %w", err))
+		panic(errorf("dlock: Locker.Unlock of an unlocked Mutex: %w", err))
 	}
 }

@@ -48,17 +48,17 @@ func (c *Client) Prune(ctx context.Context, idle time.Duration) (n int, err erro
 	case c == nil:
 		return 0, ErrNoClient
 	case idle < 0:
-		return 0, fmt.Errorf("dlock: prune: %w: idle %v is negative", ErrInvalidOption, idle)
+		return 0, errorf("dlock: prune: %w: idle %v is negative", ErrInvalidOption, idle)
 	}
 	if err := c.begin(); err != nil {
-		return 0, fmt.Errorf("dlock: prune: %w", err)
+		return 0, errorf("dlock: prune: %w", err)
 	}
 	defer c.finish()
 	ctx, span := c.tel.pruneSpan(ctx, idle)
 	defer func() { c.tel.endPrune(span, n, err) }()
 	n, err = c.prune(ctx, idle)
 	if err != nil {
-		return n, fmt.Errorf("dlock: prune: %w", err)
+		return n, errorf("dlock: prune: %w", err)
 	}
 	return n, nil
 }

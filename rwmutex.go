@@ -3,7 +3,6 @@ package dlock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -133,13 +132,13 @@ func (rw *RWMutex) Unlock(ctx context.Context) error {
 
 func (rw *RWMutex) lock(ctx context.Context, name string, try bool) error {
 	if err := rw.check(ctx); err != nil {
-		return fmt.Errorf("dlock: lock %q: %w", rw.key, err)
+		return keyError("lock", rw.key, err)
 	}
 	cl := claim{lk: rw, cfg: &rw.cfg, pace: &rw.pace, seen: &rw.seen,
 		spec: attempt{key: rw.key, ttl: rw.cfg.ttl, data: rw.cfg.data, kind: rw.kind()}}
 	l, err := rw.c.lockExclusive(ctx, cl, name, try)
 	if err != nil {
-		return fmt.Errorf("dlock: lock %q: %w", rw.key, err)
+		return keyError("lock", rw.key, err)
 	}
 	rw.mu.Lock()
 	rw.lease = l
@@ -247,14 +246,14 @@ func (rs *readers) countDown() (i int, lost error) {
 
 func (rw *RWMutex) rlock(ctx context.Context, name string, try bool) error {
 	if err := rw.check(ctx); err != nil {
-		return fmt.Errorf("dlock: rlock %q: %w", rw.key, err)
+		return keyError("rlock", rw.key, err)
 	}
 	c := rw.c
 	for {
 		c.mu.Lock()
 		if c.calls.closed { // Close has begun: no join either
 			c.mu.Unlock()
-			return fmt.Errorf("dlock: rlock %q: %w", rw.key, ErrClosed)
+			return keyError("rlock", rw.key, ErrClosed)
 		}
 		rs := c.readers[rw.key]
 		if rs == nil {
@@ -275,9 +274,9 @@ func (rw *RWMutex) rlock(ctx context.Context, name string, try bool) error {
 			case <-pending:
 				continue
 			case <-ctx.Done():
-				return fmt.Errorf("dlock: rlock %q: %w", rw.key, ctx.Err())
+				return keyError("rlock", rw.key, ctx.Err())
 			case <-c.closing:
-				return fmt.Errorf("dlock: rlock %q: %w", rw.key, ErrClosed)
+				return keyError("rlock", rw.key, ErrClosed)
 			}
 		}
 		mine := make(chan struct{})
@@ -310,7 +309,7 @@ func (rw *RWMutex) rlock(ctx context.Context, name string, try bool) error {
 		}
 		c.mu.Unlock()
 		if err != nil {
-			return fmt.Errorf("dlock: rlock %q: %w", rw.key, err)
+			return keyError("rlock", rw.key, err)
 		}
 		return nil
 	}

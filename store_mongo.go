@@ -19,6 +19,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
 	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/description"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology"
 )
 
 // Field names of a lock document: {_id: key, owner, token, rev, ttl, at,
@@ -432,7 +434,7 @@ func (s *mongoStore) upsert(ctx context.Context, key string, filter, update bson
 	case duplicateKey(err):
 		return record{}, errHeld
 	default:
-		return record{}, fmt.Errorf("dlock: acquire %q: %w", key, err)
+		return record{}, failed(err, "dlock: acquire %q", key)
 	}
 }
 
@@ -449,7 +451,7 @@ func (s *mongoStore) modify(ctx context.Context, filter, update bson.D, what, ke
 	case errors.Is(err, mongo.ErrNoDocuments):
 		return record{}, errNotOwner
 	default:
-		return record{}, fmt.Errorf("dlock: %s %q: %w", what, key, err)
+		return record{}, failed(err, "dlock: %s %q", what, key)
 	}
 }
 
@@ -526,7 +528,7 @@ func (s *mongoStore) reap(ctx context.Context, key string, at stamp, stale []sta
 	s.counted(ctx, 1)
 	res, err := s.coll.UpdateOne(ctx, filter, update)
 	if err != nil {
-		return false, fmt.Errorf("dlock: clear stale holds of %q: %w", key, err)
+		return false, failed(err, "dlock: clear stale holds of %q", key)
 	}
 	return res.MatchedCount == 1, nil
 }
@@ -575,7 +577,7 @@ func (s *mongoStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error
 	}
 	matched, err := s.bulkWrite(ctx, models)
 	if err != nil {
-		return nil, fmt.Errorf("dlock: extend %d leases: %w", len(refs), err)
+		return nil, failed(err, "dlock: extend %s", count(len(refs), "lease"))
 	}
 	ok := make([]bool, len(refs))
 	if matched == int64(len(refs)) {
@@ -592,14 +594,14 @@ func (s *mongoStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error
 	s.counted(ctx, 1)
 	cur, err := s.coll.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: keys}}}})
 	if err != nil {
-		return nil, fmt.Errorf("dlock: extend %d leases: %w", len(refs), err)
+		return nil, failed(err, "dlock: extend %s", count(len(refs), "lease"))
 	}
 	var docs []struct {
 		ID  string  `bson:"_id"`
 		Doc lockDoc `bson:",inline"` // named: the driver skips an embedded unexported type
 	}
 	if err := cur.All(ctx, &docs); err != nil {
-		return nil, fmt.Errorf("dlock: extend %d leases: %w", len(refs), err)
+		return nil, failed(err, "dlock: extend %s", count(len(refs), "lease"))
 	}
 	now := make(map[string]record, len(docs))
 	for _, d := range docs {
@@ -639,7 +641,7 @@ func (s *mongoStore) release(ctx context.Context, ref leaseRef) error {
 	res, err := s.coll.UpdateOne(ctx, held(ref), based(ending(ref), ref))
 	switch {
 	case err != nil:
-		return fmt.Errorf("dlock: release %q: %w", ref.key, err)
+		return failed(err, "dlock: release %q", ref.key)
 	case res.MatchedCount == 0:
 		return errNotOwner
 	}
@@ -656,7 +658,7 @@ func (s *mongoStore) setData(ctx context.Context, ref leaseRef, data []byte) err
 	res, err := s.coll.UpdateOne(ctx, held(ref), based(update, ref))
 	switch {
 	case err != nil:
-		return fmt.Errorf("dlock: set the data of %q: %w", ref.key, err)
+		return failed(err, "dlock: set the data of %q", ref.key)
 	case res.MatchedCount == 0:
 		return errNotOwner
 	}
@@ -672,7 +674,7 @@ func (s *mongoStore) releaseAll(ctx context.Context, refs []leaseRef) error {
 		models[i] = mongo.NewUpdateOneModel().SetFilter(held(ref)).SetUpdate(based(ending(ref), ref))
 	}
 	if _, err := s.bulkWrite(ctx, models); err != nil {
-		return fmt.Errorf("dlock: release %d leases: %w", len(refs), err)
+		return failed(err, "dlock: release %s", count(len(refs), "lease"))
 	}
 	return nil
 }
@@ -747,7 +749,7 @@ func (s *mongoStore) abandon(ctx context.Context, a attempt) error {
 	}
 	_, err := s.coll.UpdateOne(ctx, filter, update)
 	if err != nil {
-		return fmt.Errorf("dlock: abandon %q: %w", a.key, err)
+		return failed(err, "dlock: abandon %q", a.key)
 	}
 	return nil
 }
@@ -782,7 +784,7 @@ func (s *mongoStore) readFloor(ctx context.Context, id any) (f Token, ok bool, e
 	case errors.Is(err, mongo.ErrNoDocuments):
 		return 0, false, nil
 	default:
-		return 0, false, fmt.Errorf("dlock: read the floor: %w", err)
+		return 0, false, failed(err, "dlock: read the floor")
 	}
 }
 
@@ -791,7 +793,7 @@ func (s *mongoStore) idle(ctx context.Context, cutoff time.Time, limit int) ([]i
 	cur, err := s.coll.Find(ctx, append(prunable(), bson.E{Key: fAt, Value: bson.D{{Key: "$lte", Value: cutoff}}}),
 		options.Find().SetProjection(bson.D{{Key: fToken, Value: 1}, {Key: fRev, Value: 1}}).SetLimit(int64(limit)))
 	if err != nil {
-		return nil, fmt.Errorf("dlock: find idle keys: %w", err)
+		return nil, failed(err, "dlock: find idle keys")
 	}
 	var docs []struct {
 		ID    string `bson:"_id"`
@@ -799,7 +801,7 @@ func (s *mongoStore) idle(ctx context.Context, cutoff time.Time, limit int) ([]i
 		Rev   int64  `bson:"rev"`
 	}
 	if err := cur.All(ctx, &docs); err != nil {
-		return nil, fmt.Errorf("dlock: find idle keys: %w", err)
+		return nil, failed(err, "dlock: find idle keys")
 	}
 	recs := make([]idleRecord, len(docs))
 	for i, d := range docs {
@@ -813,7 +815,7 @@ func (s *mongoStore) raiseFloor(ctx context.Context, t Token) error {
 	res, err := s.coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: floorID}}, bson.D{{Key: "$max", Value: bson.D{{Key: fFloor, Value: int64(t)}}}})
 	switch {
 	case err != nil:
-		return fmt.Errorf("dlock: raise the floor: %w", err)
+		return failed(err, "dlock: raise the floor")
 	case res.MatchedCount == 1:
 		return nil
 	}
@@ -838,7 +840,7 @@ func (s *mongoStore) maxFloor(ctx context.Context, t Token) error {
 		case duplicateKey(err) && try == 0:
 			// Two first raises raced to insert the floor: it exists now.
 		default:
-			return fmt.Errorf("dlock: raise the floor: %w", err)
+			return failed(err, "dlock: raise the floor")
 		}
 	}
 }
@@ -859,7 +861,7 @@ func (s *mongoStore) remove(ctx context.Context, recs []idleRecord) (int, error)
 	}
 	n, err := s.bulkWrite(ctx, models)
 	if err != nil {
-		return int(n), fmt.Errorf("dlock: delete %d idle keys: %w", len(recs), err)
+		return int(n), failed(err, "dlock: delete %s", count(len(recs), "idle key"))
 	}
 	return int(n), nil
 }
@@ -874,7 +876,7 @@ func (s *mongoStore) read(ctx context.Context, key string) (record, error) {
 	case errors.Is(err, mongo.ErrNoDocuments):
 		return record{}, nil
 	default:
-		return record{}, fmt.Errorf("dlock: read %q: %w", key, err)
+		return record{}, failed(err, "dlock: read %q", key)
 	}
 }
 
@@ -885,7 +887,7 @@ func (s *mongoStore) serverTime(ctx context.Context) (time.Time, bool, error) {
 	}
 	err := s.coll.Database().RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Decode(&reply)
 	if err != nil {
-		return time.Time{}, false, fmt.Errorf("dlock: read server time: %w", err)
+		return time.Time{}, false, failed(err, "dlock: read server time")
 	}
 	return reply.LocalTime, !reply.LocalTime.IsZero(), nil
 }
@@ -897,4 +899,51 @@ func transient(err error) bool {
 	var le mongo.LabeledError
 	return errors.Is(err, errUnreachable) || mongo.IsNetworkError(err) || mongo.IsTimeout(err) ||
 		(errors.As(err, &le) && (le.HasErrorLabel("RetryableWriteError") || le.HasErrorLabel("TransientTransactionError")))
+}
+
+// failed is the error of a store operation that failed with the driver's
+// error err: what the store was doing (format and args, as for [errorf])
+// and err, wrapped, told as briefly as [brief] tells it. Every driver error
+// that leaves the store goes through it.
+func failed(err error, format string, args ...any) error {
+	return errorf(format+": %w", append(args, brief(err))...)
+}
+
+// brief returns err as it is, or, when it is or wraps a server selection
+// error, an error that wraps it (for [errors.As] and the driver's
+// predicates) but tells it in a line: the driver's own error, and each
+// server's address, type (unless Unknown) and last error, without the
+// topology description that the driver's message spells out in full.
+func brief(err error) error {
+	var sel topology.ServerSelectionError
+	if !errors.As(err, &sel) {
+		return err
+	}
+	short := "server selection error"
+	if sel.Wrapped != nil {
+		short += ": " + sel.Wrapped.Error()
+	}
+	servers := make([]string, 0, len(sel.Desc.Servers))
+	for _, sv := range sel.Desc.Servers {
+		s := string(sv.Addr)
+		if sv.Kind != description.Unknown { // a server out of reach is of type Unknown
+			s += " (" + sv.Kind.String() + ")"
+		}
+		if sv.LastError != nil {
+			s += ": " + sv.LastError.Error()
+		}
+		servers = append(servers, s)
+	}
+	if len(servers) > 0 {
+		short += " [" + strings.Join(servers, "; ") + "]"
+	}
+	return &wrapError{msg: strings.Replace(err.Error(), sel.Error(), short, 1), err: err}
+}
+
+// count is n things, in words: "1 lease", "2 leases".
+func count(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return strconv.Itoa(n) + " " + thing + "s"
 }
