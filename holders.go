@@ -24,7 +24,7 @@ type Holder struct {
 // (see [Client.Prune]). The exclusive holder's Token is the key's token
 // counter, which is the holder's [Lease.Token] except when the hold's
 // acquire reserved a spare (a Mutex's hold that waited in the queue after
-// a short hold: see "Fairness" in the package doc): then it is one above,
+// a short hold: see "Keep" in docs/fairness.md): then it is one above,
 // the token of the Mutex's next Lock, which may hold by it without a
 // write, so the list shows no change when it does. So a Holder's Token is
 // for display and ordering only: never raise a fence to it, which could

@@ -59,7 +59,10 @@ func (s *Semaphore) N() int { return s.n }
 // returns the permit's lease; give it back with [Lease.Release]. While all
 // permits are held it polls the server with jittered exponential backoff,
 // one read a poll, and takes a permit whose holder has stopped extending
-// it once its TTL has passed.
+// it once its TTL has passed. Its waiters are not queued, across Clients
+// or within one: a freed permit goes to whichever waiter polls first, and
+// a waiter may be overtaken by later ones (unlike a [Mutex.Lock], which
+// queues first come, first served).
 //
 // When ctx ends first, Acquire returns an error that matches ctx.Err() with
 // [errors.Is] and leaves no permit held: a permit its last write may have
