@@ -201,7 +201,7 @@ func holder(st *memStore, key string) record {
 	return st.records[key]
 }
 
-// Issue: a late abandon freed a newer hold. G1's acquire applies but its
+// A late clean-up cannot free a newer hold. G1's acquire applies but its
 // reply never comes; its Lock gives up and sends the clean-up, which is
 // slow too; G2, of the same Client, takes the key (the record is its
 // Client's, from a call that gave up); then G1's clean-up lands. It must
@@ -236,8 +236,8 @@ func TestLateAbandonCannotFreeLaterHold(t *testing.T) {
 	})
 }
 
-// Issue: Close racing an in-flight acquire left the key held for a TTL.
-// Close waits for the Lock under way; the Lock, answered after Close began,
+// Close racing an in-flight acquire leaves the key free, not held for a
+// TTL. Close waits for the Lock under way; the Lock, answered after Close began,
 // gives the hold back and returns ErrClosed; the key is free when Close
 // returns.
 func TestCloseDuringAcquire(t *testing.T) {
@@ -268,9 +268,9 @@ func TestCloseDuringAcquire(t *testing.T) {
 	})
 }
 
-// Issue: Close's bulk release could land before a concurrent Unlock's
-// handoff. Close now waits for the Unlock; the hold passed on is then
-// released by Close, and nothing is left held.
+// Close's bulk release cannot land before a concurrent Unlock's handoff:
+// Close waits for the Unlock, the hold passed on is then released by
+// Close, and nothing is left held.
 func TestCloseDuringHandoff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newMemStore()
@@ -305,9 +305,9 @@ func TestCloseDuringHandoff(t *testing.T) {
 	})
 }
 
-// Issue: a local waiter whose ctx ends while the hold is being handed to
-// it waited for the handoff's reply (3 s for a 200 ms ctx). It returns when
-// its ctx ends, and the hold it was handed is given back.
+// A local waiter whose ctx ends while the hold is being handed to it
+// returns when its ctx ends, without waiting for the handoff's reply (3 s
+// here, for a 200 ms ctx), and the hold it was handed is given back.
 func TestWaiterLeavesDuringHandoff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newMemStore()
@@ -335,9 +335,9 @@ func TestWaiterLeavesDuringHandoff(t *testing.T) {
 	})
 }
 
-// Issue: a read that shows the key free while acquires fail (a lagging
-// secondary) made the loop spin with no wait. Each failed attempt after a
-// read is followed by a poll wait: in 300 ms, a handful of commands.
+// A read that shows the key free while acquires fail (a lagging
+// secondary) does not make the loop spin: each failed attempt after a
+// read is followed by a poll wait, so 300 ms cost a handful of commands.
 func TestNoSpinOnLaggingReads(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newMemStore()
@@ -360,8 +360,8 @@ func TestNoSpinOnLaggingReads(t *testing.T) {
 	})
 }
 
-// Issue: Unlock of a lease already lost blocked for the driver's timeout
-// on a frozen server. It returns the lease's error at once; the tidy-up
+// Unlock of a lease already lost, on a frozen server, does not wait for
+// the driver's timeout: it returns the lease's error at once; the tidy-up
 // runs in the background, and Close stops it.
 func TestUnlockLostLeaseReturnsAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -387,9 +387,9 @@ func TestUnlockLostLeaseReturnsAtOnce(t *testing.T) {
 	})
 }
 
-// Issue: a Lock with a ctx already done sent a clean-up write, and its
-// error carried the driver's internals. It returns at once, sends nothing,
-// and its error is the ctx's.
+// A Lock with a ctx already done returns at once, sends nothing (not even
+// a clean-up write), and its error is the ctx's, with none of the driver's
+// internals.
 func TestLockWithDoneContext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newMemStore()
@@ -427,7 +427,8 @@ func TestLockCancelledInFlight(t *testing.T) {
 	})
 }
 
-// Issue: the zero Mutex panicked.
+// The zero Mutex, and a nil one, return errors rather than panic:
+// ErrNoClient from Lock and TryLock, ErrNotHeld from Unlock.
 func TestZeroMutex(t *testing.T) {
 	var m Mutex
 	require.ErrorIs(t, m.Lock(context.Background()), ErrNoClient)
@@ -438,8 +439,8 @@ func TestZeroMutex(t *testing.T) {
 	require.ErrorIs(t, nilMutex.Lock(context.Background()), ErrNoClient)
 }
 
-// Issue: TryLock on a key this Client holds said "locked by another
-// owner". It says what is true.
+// TryLock on a key this Client holds says so, not "locked by another
+// owner".
 func TestTryLockSaysWhoHolds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newMemStore()
@@ -741,9 +742,9 @@ func TestExpiryFormulas(t *testing.T) {
 	}
 }
 
-// Issue: an extension interval the lease cannot survive was accepted
-// (TTL 1 s, every 990 ms: lost with no fault). The longest interval
-// accepted leaves room for a retry: at WithExtendInterval at its maximum,
+// No extension interval the lease cannot survive is accepted (TTL 1 s,
+// every 990 ms would be lost with no fault): the longest interval accepted
+// leaves room for a retry: at WithExtendInterval at its maximum,
 // a first extension that fails is retried in time, and the lease lives.
 func TestLongestExtendIntervalSurvivesAFailure(t *testing.T) {
 	ttl := time.Second

@@ -15,7 +15,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
-// Issue 17: Prune deletes free, idle keys, never a held one, and a pruned
+// Prune deletes free, idle keys, never a held one, and a pruned
 // key's next token is above every token it had (a Fence that saw the old
 // ones admits it).
 func TestPrune(t *testing.T) {
@@ -67,7 +67,7 @@ func TestPrune(t *testing.T) {
 	})
 }
 
-// Issue 17: pruners and lockers at once, on the real server. Per key, the
+// Pruners and lockers at once, on the real server. Per key, the
 // tokens handed out strictly increase across every prune, and no two
 // holders overlap.
 func TestPruneWhileLocking(t *testing.T) {
@@ -159,7 +159,7 @@ func TestPruneWhileLocking(t *testing.T) {
 	assert.Positive(t, pruned.Load(), "the pruners deleted documents while the lockers ran (else this shows nothing)")
 }
 
-// Issue 17: WithPruneIdle prunes in the background, at most once a period,
+// WithPruneIdle prunes in the background, at most once a period,
 // and Close stops it (synctest fails the test if its goroutine outlives the
 // bubble).
 func TestPruneInBackground(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Issue 14: readers share, a writer excludes everyone; TryLock and
+// Readers share, a writer excludes everyone; TryLock and
 // TryRLock say ErrLocked; a writer's token exceeds every token before it.
 func TestRWMutex(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, sp space) {
@@ -52,7 +52,7 @@ func TestRWMutex(t *testing.T) {
 	})
 }
 
-// Issue 14: goroutines of one Client that RLock a key share one hold on
+// Goroutines of one Client that RLock a key share one hold on
 // the server: one command for the first (once the RWMutex knows the key),
 // none for the rest; the last RUnlock releases it, in one command.
 func TestRWMutexLocalReaders(t *testing.T) {
@@ -94,7 +94,7 @@ func TestRWMutexLocalReaders(t *testing.T) {
 	})
 }
 
-// Issue 14: at most one writer and never a writer with a reader, under
+// At most one writer and never a writer with a reader, under
 // contention from several Clients; readers do overlap.
 func TestRWMutexExclusion(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, sp space) {
@@ -140,7 +140,7 @@ func TestRWMutexExclusion(t *testing.T) {
 	})
 }
 
-// Issue 14: a waiting writer is not starved by readers that keep the key
+// A waiting writer is not starved by readers that keep the key
 // held shared between them: once it waits, no new shared hold is taken,
 // and it gets the key when the holds already there end.
 func TestRWMutexWriterNotStarved(t *testing.T) {
@@ -180,7 +180,7 @@ func TestRWMutexWriterNotStarved(t *testing.T) {
 	})
 }
 
-// Issue 14: a crashed (cut off) reader's share is free again within the
+// A crashed (cut off) reader's share is free again within the
 // bound of a crashed Mutex holder, and it learns of its loss first.
 func TestRWMutexCrashedReader(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

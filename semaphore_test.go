@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Issue 14: at most n permits at once across Clients; TryAcquire says
+// At most n permits at once across Clients; TryAcquire says
 // ErrLocked when all are held; each permit has its own token from the
 // key's one counter; Holders shows them, with their data.
 func TestSemaphore(t *testing.T) {
@@ -55,7 +55,7 @@ func TestSemaphore(t *testing.T) {
 	})
 }
 
-// Issue 14: never more than n permits held, under contention from several
+// Never more than n permits held, under contention from several
 // Clients and goroutines, and all n in use at some point.
 func TestSemaphoreLimit(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, sp space) {
@@ -108,7 +108,7 @@ func TestSemaphoreLimit(t *testing.T) {
 	})
 }
 
-// Issue 14: every Client using a key must agree on the kind and on n.
+// Every Client using a key must agree on the kind and on n.
 func TestKindMismatch(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, sp space) {
 		ctx := context.Background()
@@ -144,7 +144,7 @@ func TestKindMismatch(t *testing.T) {
 	})
 }
 
-// Issue 14: a permit whose holder is cut off is free again once its TTL
+// A permit whose holder is cut off is free again once its TTL
 // has passed, and its holder learns of the loss first.
 func TestSemaphoreCrashedHolder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -176,7 +176,7 @@ func TestSemaphoreCrashedHolder(t *testing.T) {
 	})
 }
 
-// Issue 14: a Client's extensions of all its holds of all kinds (a Mutex's,
+// A Client's extensions of all its holds of all kinds (a Mutex's,
 // a read hold, a permit) are one bulk write per cadence.
 func TestOneExtensionForAllKinds(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, sp space) {
@@ -210,7 +210,7 @@ func TestOneExtensionForAllKinds(t *testing.T) {
 	})
 }
 
-// Issue 14, on the real server: a permit and a read hold whose Client
+// On the real server, a permit and a read hold whose Client
 // stopped extending them (a crash) are free again within the bound of a
 // crashed Mutex holder; and the crashed holder's leases report the loss.
 func TestSharedCrashedHolder(t *testing.T) {

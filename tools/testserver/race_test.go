@@ -71,8 +71,8 @@ func race(t *testing.T, raw bool, clients int, d time.Duration) (wins, overlaps 
 
 // FerretDB v1 alone lets two compare-and-set writers win at once; the
 // serializing proxy restores MongoDB's single-document atomicity. This is
-// why dlock's tests run behind the proxy, and why the README does not list
-// FerretDB v1 as a supported server.
+// why dlock's tests run behind the proxy, and why the README supports
+// FerretDB v1 only behind it.
 func TestSerializerRestoresAtomicity(t *testing.T) {
 	wins, overlaps := race(t, false, 8, 2*time.Second)
 	t.Logf("serialized: %d wins, %d overlapping", wins, overlaps)
