@@ -291,7 +291,7 @@ func (c *Client) giveUp(ctx context.Context, a attempt, unsure bool, lastErr, er
 	case ctx.Err() != nil && !errors.Is(err, ErrClosed):
 		return ctx.Err()
 	case lastErr != nil && err != lastErr:
-		return fmt.Errorf("%w (last error: %w)", err, lastErr)
+		return errorf("dlock: %w (last error: %w)", err, lastErr)
 	}
 	return err
 }

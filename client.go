@@ -463,10 +463,11 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 				return nil
 			}
 			cl.pace.freeing(c.clock.Now(), l.count)
-			done, err := c.requeue(ctx, l, cl)
-			if done {
-				c.leave(l.key)
-				return err
+			if c.cfg.pacer.uses(ruleRequeue) {
+				if done, err := c.requeue(ctx, l, cl); done {
+					c.leave(l.key)
+					return err
+				}
 			}
 		}
 		cl.pace.freeing(c.clock.Now(), l.count)

@@ -85,7 +85,7 @@ func (p *pacing) keeping(cfg *config) bool {
 		return false
 	}
 	switch {
-	case !cfg.pacer.plans():
+	case !cfg.pacer.uses(ruleKeep):
 		return false
 	case cfg.flaw == flawKeepAlways:
 	default:

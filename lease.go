@@ -233,7 +233,7 @@ func (l *Lease) expire() {
 	lostCause := causeExpired
 	switch {
 	case capped && cause != nil:
-		cause = fmt.Errorf("%w (%v after the acquire; the last extension failed: %w)", ErrMaxHold, l.maxHold, cause)
+		cause = errorf("dlock: %w (%v after the acquire; the last extension failed: %w)", ErrMaxHold, l.maxHold, cause)
 		lostCause = causeMaxHold
 	case capped:
 		cause = fmt.Errorf("%w (%v after the acquire)", ErrMaxHold, l.maxHold)

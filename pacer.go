@@ -14,15 +14,25 @@ type pacer interface {
 	// sleep returns how long a wait sleeps before its next round, given
 	// what the wait's rules propose and what plain backoff would.
 	sleep(proposed, backoff time.Duration) time.Duration
-	// plans reports whether waits plan their turns (turn.go) and Unlocks
-	// keep their holds (keep.go).
-	plans() bool
+	// uses reports whether the waits and Unlocks it paces follow rule r.
+	uses(r rule) bool
 }
 
-// rulesPacer is dlock's pacer: the rules of turn.go, keep.go and
-// requeue.go.
+// A rule is one of the pacing rules that a pacer may follow, each for
+// fewer commands or shorter waits; docs/fairness.md has what each buys.
+type rule uint8
+
+const (
+	ruleKeep     rule = 1 << iota // an Unlock of a short hold keeps it for its Mutex's next Lock (keep.go)
+	ruleRequeue                   // an Unlock under contention registers its Mutex's next Lock in the same write (requeue.go)
+	ruleTurnPlan                  // a requeued wait sleeps until its turn is due (turn.go: planTurn)
+	ruleHeadPlan                  // a head that saw the hold it waits for begin sleeps until it is due to end (turn.go: planHead)
+	rulePeriod                    // waits poll at fractions of how often the key changes hands (wait.go: pause)
+)
+
+// rulesPacer is dlock's pacer: every rule, each sleep as the rules propose.
 type rulesPacer struct{}
 
 func (rulesPacer) sleep(proposed, _ time.Duration) time.Duration { return proposed }
 
-func (rulesPacer) plans() bool { return true }
+func (rulesPacer) uses(rule) bool { return true }

@@ -11,7 +11,7 @@ type backoffPacer struct{}
 
 func (backoffPacer) sleep(_, backoff time.Duration) time.Duration { return backoff }
 
-func (backoffPacer) plans() bool { return false }
+func (backoffPacer) uses(rule) bool { return false }
 
 // randomPacer answers at random: any sleep up to max, which may be beyond
 // the cap that waitPoll puts on every sleep (maxSleep), with or without
@@ -26,7 +26,14 @@ func (p randomPacer) sleep(_, _ time.Duration) time.Duration {
 	return time.Duration(rand.Int64N(int64(p.max) + 1))
 }
 
-func (p randomPacer) plans() bool { return p.plan }
+func (p randomPacer) uses(rule) bool { return p.plan }
+
+// withoutRule is dlock's pacer with one rule switched off.
+type withoutRule struct{ off rule }
+
+func (withoutRule) sleep(proposed, _ time.Duration) time.Duration { return proposed }
+
+func (p withoutRule) uses(r rule) bool { return r != p.off }
 
 // pacers are the pacers every liveness bound must hold for.
 func pacers() []struct {

@@ -621,12 +621,13 @@ func TestRequeuedWaitCrashAhead(t *testing.T) {
 			{name: "waiter ahead crashes"},
 			{name: "holder crashes", holds: true},
 		} {
-			t.Run(pc.name+"/"+tc.name, func(t *testing.T) { requeuedCrashScene(t, tc.holds, withPacer(pc.pacer)) })
+			t.Run(pc.name+"/"+tc.name, func(t *testing.T) { requeuedCrashScene(t, tc.holds, pc.pacer) })
 		}
 	}
 }
 
-func requeuedCrashScene(t *testing.T, holds bool, pace Option) {
+func requeuedCrashScene(t *testing.T, holds bool, p pacer) {
+	pace := withPacer(p)
 	synctest.Test(t, func(t *testing.T) {
 		st := newMemStore()
 		a, ha := memClient(t, st, pace)
@@ -663,6 +664,11 @@ func requeuedCrashScene(t *testing.T, holds bool, pace Option) {
 				hb.on(op, hang)
 			}
 		}
+		t.Cleanup(func() { // before Close, had the test stopped early
+			for _, op := range ops {
+				hb.on(op, nil)
+			}
+		})
 		if !holds {
 			crash()
 		}
@@ -684,8 +690,10 @@ func requeuedCrashScene(t *testing.T, holds bool, pace Option) {
 		require.NoError(t, <-aErr)
 		took := time.Since(last)
 		t.Logf("a took the key %v after b's last write", took)
-		require.Equal(t, requeues+1, ha.count("requeue"), "a's Unlock requeued")
-		require.Equal(t, registers, ha.count("register"), "a's Lock adopted the requeued registration")
+		if p.uses(ruleRequeue) { // the scene: a waits in the place its Unlock kept for it
+			require.Equal(t, requeues+1, ha.count("requeue"), "a's Unlock requeued")
+			require.Equal(t, registers, ha.count("register"), "a's Lock adopted the requeued registration")
+		}
 		assert.LessOrEqual(t, took, DefaultTTL+fairPoll+10*time.Millisecond, "b held a up too long")
 		assert.GreaterOrEqual(t, took, DefaultTTL-DefaultTTL/3, "a cleared b before it stood still for a TTL")
 		assert.Equal(t, a.owner, holder(st, "k").Owner)

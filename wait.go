@@ -142,7 +142,7 @@ func (c *Client) newExclusiveWait(ctx context.Context, cl claim, try bool) *excl
 	x.ew.hasty = c.cfg.flaw == flawReapLive
 	x.queues = !try && c.queues(x.a.kind)
 	_, spares := cl.lk.(requeuer) // its Unlock may keep a hold (keep.go): reserve a spare token
-	x.spares = spares && c.cfg.pacer.plans() && c.cfg.flaw != flawUnfair && cl.pace.spare(cl.cfg)
+	x.spares = spares && c.cfg.pacer.uses(ruleKeep) && c.cfg.flaw != flawUnfair && cl.pace.spare(cl.cfg)
 	x.pr = c.pickUp(x.a) // what the last Unlock left for this call: a kept hold, or a registration
 	return x
 }
@@ -188,7 +188,7 @@ func (x *exclusiveWait) resumeKept() (l *Lease, err error, done bool) {
 // crashed readers by reading, which a plan would put off.
 func (x *exclusiveWait) sight(r record, sent time.Time) {
 	seen := sighting{sent: sent, token: r.Token, r: r}
-	if x.tp == (turnPlan{}) && x.q.registered() && x.q.head() && !r.free() && x.a.kind != kindRW && x.c.cfg.pacer.plans() {
+	if x.tp == (turnPlan{}) && x.q.registered() && x.q.head() && !r.free() && x.a.kind != kindRW && x.c.cfg.pacer.uses(ruleHeadPlan) {
 		x.tp = x.cl.pace.planHead(x.last, seen, x.an, x.cl.cfg)
 	}
 	x.last = seen
@@ -228,7 +228,7 @@ func (x *exclusiveWait) join() (step, error) {
 	if err := c.view(cl, x.a, r, &x.ew, &x.q); err != nil {
 		return stepOn, err
 	}
-	if !joined.IsZero() && x.q.registered() && c.cfg.pacer.plans() {
+	if !joined.IsZero() && x.q.registered() && c.cfg.pacer.uses(ruleTurnPlan) {
 		x.tp = cl.pace.planTurn(joined, len(x.q.ahead), busy, cl.cfg)
 	}
 	x.sight(r, sent)
@@ -384,7 +384,7 @@ func (x *exclusiveWait) pause() error {
 		if x.tp.head { // a head's plan keeps within the backoff's bounds: see WithBackoff
 			limit = min(limit, cl.cfg.maxBackoff)
 		}
-	} else if period := cl.pace.period(c.clock.Now(), cl.cfg.ttl); period > 0 && x.q.registered() {
+	} else if period := cl.pace.period(c.clock.Now(), cl.cfg.ttl); period > 0 && x.q.registered() && c.cfg.pacer.uses(rulePeriod) {
 		// The key changes hands about every period: the head polls four
 		// times a period; a waiter behind others reads when about one is
 		// left ahead of it, and then (next after the head) every 3/4 of a
@@ -404,7 +404,7 @@ func (x *exclusiveWait) pause() error {
 		default:
 			limit = max(period/2, cl.cfg.minBackoff/4)
 		}
-	} else if own := cl.pace.ownHold(); own > 0 && x.q.registered() && !x.q.head() {
+	} else if own := cl.pace.ownHold(); own > 0 && x.q.registered() && !x.q.head() && c.cfg.pacer.uses(rulePeriod) {
 		// No period known (the counter seen once, or still for a TTL):
 		// behind a waiter that may be slow to come (its first wait, on
 		// the backoff), the reads that would see its hold begin need not
