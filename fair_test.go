@@ -18,7 +18,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
-// Tests of fair queueing across Clients (issue 15) on the in-memory store,
+// Tests of fair queueing across Clients on the in-memory store,
 // inside testing/synctest bubbles: the Clients share one clock, the
 // bubble's, so every wait is measured exactly and a minute of contention
 // costs no real time.
@@ -112,7 +112,7 @@ func TestFairQueueNoStarvation(t *testing.T) {
 		wantFair bool
 	}{
 		{"fair", nil, true},
-		{"unfair (before issue 15)", []Option{withFlaw(flawUnfair)}, false},
+		{"unfair (before fair queueing)", []Option{withFlaw(flawUnfair)}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {

@@ -44,7 +44,7 @@ func (s slowStore) release(ctx context.Context, ref leaseRef) error {
 }
 
 // TestTurnPlanCommands: Clients that take turns at a key under steady
-// contention spend at most three commands an acquisition (issue 15): the
+// contention spend at most three commands an acquisition: the
 // Unlock's requeue, the acquire that takes the key, the acquires that came
 // too early, and, every other turn, the handoff of a kept hold (keep.go).
 // A requeued wait sends its attempts when its turn is due (turn.go)
