@@ -487,7 +487,7 @@ func (c *Client) unregister(reg *Lease) {
 // hold in it has ended), both by writes conditional on what was read.
 func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease, int, error) {
 	x := &sharedWait{c: c, ctx: ctx, cl: cl, a: cl.spec}
-	x.a.owner, x.a.hold = c.owner, c.holds.Add(1)
+	x.a.owner, x.a.hold = c.owner, c.holdIDs.Add(1)
 	if c.cfg.flaw == flawSharedOverLimit {
 		x.a.limit++
 	}
@@ -630,7 +630,7 @@ func (x *sharedWait) read() (step, error) {
 		// and go on with a new hold id.
 		old := *a
 		c.tidy(a.ttl, func(ctx context.Context) { c.store.abandon(ctx, old) })
-		a.hold, x.unsure = c.holds.Add(1), false
+		a.hold, x.unsure = c.holdIDs.Add(1), false
 		return stepOn, err
 	}
 	a.token = r.Token

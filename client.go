@@ -26,13 +26,13 @@ const cleanupTimeout = time.Second
 // bounded by a second or the TTL); Close stops and waits for all of them. A Client is safe for concurrent
 // use; make one per process and collection, and Close it.
 type Client struct {
-	store store
-	cfg   config
-	owner string
-	clock clock
-	tel   *telemetry
-	ext   *extender
-	holds atomic.Int64 // the last hold id handed out (see attempt)
+	store   store
+	cfg     config
+	owner   string
+	clock   clock
+	tel     *telemetry
+	ext     *extender
+	holdIDs atomic.Int64 // the last hold id handed out (see attempt)
 
 	mu        sync.Mutex
 	slots     map[string]*slot     // guarded by mu
@@ -499,7 +499,7 @@ func (c *Client) handOver(ctx context.Context, l *Lease, w *waiter) error {
 		return err
 	}
 	a := w.cl.spec
-	a.owner, a.hold = c.owner, c.holds.Add(1)
+	a.owner, a.hold = c.owner, c.holdIDs.Add(1)
 	a.barge = c.cfg.flaw == flawUnfair || c.cfg.flaw == flawQueueJump
 	sent := c.clock.Now()
 	r, err := c.store.handoff(ctx, l.ref(), a)

@@ -129,7 +129,7 @@ func (p *pacing) unlockedAt(now time.Time) {
 // the background.
 func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) {
 	a := cl.spec
-	a.owner, a.hold, a.queue = c.owner, c.holds.Add(1), cl.pace.queueGuess()
+	a.owner, a.hold, a.queue = c.owner, c.holdIDs.Add(1), cl.pace.queueGuess()
 	sent := c.clock.Now()
 	r, err := c.store.requeue(ctx, l.ref(), a)
 	if errors.Is(err, errNotOwner) { // perhaps a stale counter: once, guess again (see queueSlack)

@@ -75,7 +75,7 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 		case stepDone:
 			return x.lease, x.attempts, err
 		}
-		x.rushed = false
+		x.afterRead = false
 		if read {
 			if s, err = x.read(); s == stepAgain {
 				continue
@@ -112,31 +112,31 @@ type exclusiveWait struct {
 	a     attempt
 	lease *Lease // with stepDone from attemptOnce: the hold taken
 
-	w        watch
-	ew       entryWatch
-	q        queueing
-	polls    *poller
-	tp       turnPlan
-	last     sighting  // the key's token counter as this wait (or the Unlock before it) last saw it
-	an       anchor    // this wait's registration, on the server's clock and this Client's (heldSince)
-	pr       *leftover // what the last Unlock left for this call, until the wait adopts it
-	attempts int
-	unsure   bool   // an attempt may have applied without our seeing the reply
-	rushed   bool   // this attempt follows a read at once
-	lastErr  error  // the last transient failure
-	holder   record // the last holder reported to the trace
-	events   int    // holders reported
-	tracing  bool   // the Lock span is recorded
-	queues   bool   // the wait registers in the key's queue
-	spares   bool   // its attempts reserve a spare token (keep.go)
-	kept     bool   // this call sent a kept hold's handoff (another Mutex's hold, or flawKeepAlways)
-	enqueue  bool   // register in the next round
-	joined   bool   // tried to register since the last wait: at most once a poll
+	w         watch
+	ew        entryWatch
+	q         queueing
+	polls     *poller
+	tp        turnPlan
+	last      sighting  // the key's token counter as this wait (or the Unlock before it) last saw it
+	an        anchor    // this wait's registration, on the server's clock and this Client's (heldSince)
+	pr        *leftover // what the last Unlock left for this call, until the wait adopts it
+	attempts  int
+	unsure    bool   // an attempt may have applied without our seeing the reply
+	afterRead bool   // this attempt follows a read (or a registration) at once: if it fails too, the read lagged
+	lastErr   error  // the last transient failure
+	holder    record // the last holder reported to the trace
+	events    int    // holders reported
+	tracing   bool   // the Lock span is recorded
+	queues    bool   // the wait registers in the key's queue
+	spares    bool   // its attempts reserve a spare token (keep.go)
+	kept      bool   // this call sent a kept hold's handoff (another Mutex's hold, or flawKeepAlways)
+	enqueue   bool   // register in the next round
+	joined    bool   // tried to register since the last wait: at most once a poll
 }
 
 func (c *Client) newExclusiveWait(ctx context.Context, cl claim, try bool) *exclusiveWait {
 	x := &exclusiveWait{c: c, ctx: ctx, cl: cl, try: try, a: cl.spec, last: cl.pace.takeFreed()}
-	x.a.owner, x.a.hold = c.owner, c.holds.Add(1)
+	x.a.owner, x.a.hold = c.owner, c.holdIDs.Add(1)
 	x.a.barge = c.cfg.flaw == flawUnfair || c.cfg.flaw == flawQueueJump
 	x.tracing = trace.SpanFromContext(ctx).IsRecording()
 	x.ew.hasty = c.cfg.flaw == flawReapLive
@@ -221,7 +221,7 @@ func (x *exclusiveWait) join() (step, error) {
 		sent, x.an = x.q.reg.acquired, anchorAt(r.At, x.q.reg.acquired, answered)
 	}
 	if r.Rev == 0 { // no record: the key is free
-		x.rushed = true
+		x.afterRead = true
 		return stepAgain, nil
 	}
 	c.watchHolder(x.ctx, r, &x.w)
@@ -233,7 +233,7 @@ func (x *exclusiveWait) join() (step, error) {
 	}
 	x.sight(r, sent)
 	if x.q.head() && (r.free() || x.w.takeover(c.clock.Now()).rev != 0) {
-		x.rushed = true
+		x.afterRead = true
 		return stepAgain, nil
 	}
 	return stepOn, nil
@@ -274,7 +274,7 @@ func (x *exclusiveWait) attemptOnce() (s step, read bool, err error) {
 		err = nil // not its turn yet: retry, reading only to trace, or when the plan ended (turn.go)
 		x.tp.miss(sent, c.clock.Now())
 		read = !x.tp.on || x.tracing && x.events < maxHeldEvents && x.attempts&(x.attempts-1) == 0
-	case x.rushed:
+	case x.afterRead:
 		err = nil // wait for the poll: see Client.acquire
 	default:
 		err = nil
@@ -328,8 +328,8 @@ func (x *exclusiveWait) read() (step, error) {
 	if err != nil {
 		return stepOn, err
 	}
-	// Name the holder whatever the read leads to (a reap, a rushed
-	// attempt): the next read may come after the key changed hands.
+	// Name the holder whatever the read leads to (a reap, an attempt at
+	// once): the next read may come after the key changed hands.
 	if x.events < maxHeldEvents && x.tracing && r.Owner != "" && (r.Owner != x.holder.Owner || r.Token != x.holder.Token) {
 		c.tel.heldBy(x.ctx, r)
 		x.holder = r
@@ -338,12 +338,12 @@ func (x *exclusiveWait) read() (step, error) {
 	if stale := x.ew.due(c.clock.Now()); len(stale) > 0 {
 		// Waiters ahead, or readers, that stopped extending: clear them, then go on.
 		if ok, rerr := c.store.reap(x.ctx, x.a.key, stamp{}, stale); rerr == nil && ok {
-			x.rushed = x.q.head()
+			x.afterRead = x.q.head()
 			return stepAgain, nil
 		}
 	}
 	if x.q.head() && (r.free() || x.w.takeover(c.clock.Now()).rev != 0) {
-		x.rushed = true
+		x.afterRead = true
 		return stepAgain, nil // freed meanwhile, a hold of ours no call uses, or due
 	}
 	x.sight(r, sent)
