@@ -597,7 +597,7 @@ func TestReleaseEndsLeaseBeforeWriting(t *testing.T) {
 	})
 }
 
-// The mutations the review found surviving the suite, each killed here.
+// Mutations of the lease logic that the rest of the suite lets through, each killed here.
 
 // Killed: the lease deadline counted from the acquire's reply instead of
 // its send. The reply comes a quarter TTL late; the lease is lost exactly

@@ -137,10 +137,10 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Lease, error) {
 // Leader returns the election's leader, as one read of its key shows it,
 // and an error matching [ErrNoLeader] when nobody leads. It reports what
 // the key's document says: a leader that crashed is reported until another
-// Client's Campaign replaces it (within the bound in [Election]); a term
-// whose Campaign has not returned yet, while its token is being raised
-// above the collection's floor (the first term under a name, see
-// [Client.Prune]), is not reported.
+// Client's Campaign replaces it (within the bound in [Election]); the
+// first term under a name is not reported until its Campaign has written
+// the term's token, counted from the collection's floor (see
+// [Client.Prune]), which it does before it returns.
 func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	if err := e.check(ctx, ""); err != nil {
 		return Leader{}, keyError("leader of", e.Name(), err)

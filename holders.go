@@ -19,10 +19,12 @@ type Holder struct {
 // order of their tokens; none when the key is free. A hold whose holder
 // crashed is shown until another Client takes the key over or clears it
 // (at most a TTL after a waiter first saw it), so the list may name a
-// holder that no longer relies on its hold; a hold is being acquired may
-// show a token that is then raised, once, above the collection's floor
-// (see [Client.Prune]). The exclusive holder's Token is the key's token
-// counter, which is the holder's [Lease.Token] except when the hold's
+// holder that no longer relies on its hold. The exclusive holder's Token
+// is the key's token counter, which is the holder's [Lease.Token] except
+// in two cases. The first Lock of a new (or pruned) key counts its token
+// from the collection's floor (see [Client.Prune]) and writes that base
+// into the document with its first write, an extension or its Unlock:
+// until then the list shows the counter counted from 0. And when the hold's
 // acquire reserved a spare (a Mutex's hold that waited in the queue after
 // a short hold: see "Keep" in docs/fairness.md): then it is one above,
 // the token of the Mutex's next Lock, which may hold by it without a

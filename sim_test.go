@@ -1137,6 +1137,35 @@ func drawPacer(t *rapid.T) pacer {
 	return rulesPacer{}
 }
 
+// churn makes a run re-create its key's document again and again: every
+// Unlock prunes, and a janitor whose deletes arrive late prunes every
+// fifth of a TTL. The flaws of pruning and of raw documents show there.
+func churn(p *simPlan) {
+	if p.late == 0 {
+		p.late = 1
+		for at := time.Duration(0); at < simHorizon; at += simClientTTL / 5 {
+			p.prunes = append(p.prunes, simPrune{at: at, client: -1})
+		}
+	}
+	for i := range p.clients {
+		for j := range p.clients[i].ops {
+			p.clients[i].ops[j].prune = true
+		}
+	}
+}
+
+// calm makes a run keep its key's document: no Prune, so no hold is made
+// on a raw document (which keeps nothing: keep.go). The flaws of the keep
+// show there.
+func calm(p *simPlan) {
+	p.late, p.prunes = 0, nil
+	for i := range p.clients {
+		for j := range p.clients[i].ops {
+			p.clients[i].ops[j].prune = false
+		}
+	}
+}
+
 // TestSimulationPacers runs the simulation with each pacer alone.
 func TestSimulationPacers(t *testing.T) {
 	for _, tc := range pacers() {
@@ -1166,35 +1195,36 @@ func TestSimulationCatchesFlaws(t *testing.T) {
 		drift     float64
 		mode      simMode
 		budget    int
+		plan      func(*simPlan) // nil, churn or calm
 	}{
-		{"expiry by wall clock", flawWallClockExpiry, nil, MaxClockDrift, simMutex, 1000},
-		{"extender extends a lease being released", flawExtendReleasing, nil, MaxClockDrift, simMutex, 300},
-		{"clean-up not conditional on the hold (the late abandon)", noFlaw, func(l *simLink) { l.abandonAnyHold = true }, MaxClockDrift, simMutex, 3000},
-		{"deadline counted from the reply", flawDeadlineFromReply, nil, MaxClockDrift, simMutex, 3000},
-		{"release not conditional on the token", noFlaw, func(l *simLink) { l.releaseAnyToken = true }, MaxClockDrift, simMutex, 10000},
-		{"clocks drifting at ten times the bound", noFlaw, nil, 10 * MaxClockDrift, simMutex, 3000},
-		{"prune deletes without raising the floor", flawPruneWithoutFloor, nil, MaxClockDrift, simMutex, 3000},
-		{"lock reads the floor before creating the document", noFlaw, func(l *simLink) { l.floorBeforeCreate = true }, MaxClockDrift, simMutex, 3000},
-		{"a raw hold's writes unset raw without writing the base", noFlaw, func(l *simLink) { l.baseNeverWritten = true }, MaxClockDrift, simMutex, 3000},
-		{"a takeover of a raw record skips the floor", noFlaw, func(l *simLink) { l.rawFoundSkipsFloor = true }, MaxClockDrift, simMutex, 3000},
+		{"expiry by wall clock", flawWallClockExpiry, nil, MaxClockDrift, simMutex, 1000, nil},
+		{"extender extends a lease being released", flawExtendReleasing, nil, MaxClockDrift, simMutex, 300, nil},
+		{"clean-up not conditional on the hold (the late abandon)", noFlaw, func(l *simLink) { l.abandonAnyHold = true }, MaxClockDrift, simMutex, 3000, nil},
+		{"deadline counted from the reply", flawDeadlineFromReply, nil, MaxClockDrift, simMutex, 3000, nil},
+		{"release not conditional on the token", noFlaw, func(l *simLink) { l.releaseAnyToken = true }, MaxClockDrift, simMutex, 10000, nil},
+		{"clocks drifting at ten times the bound", noFlaw, nil, 10 * MaxClockDrift, simMutex, 3000, nil},
+		{"prune deletes without raising the floor", flawPruneWithoutFloor, nil, MaxClockDrift, simMutex, 3000, nil},
+		{"lock reads the floor before creating the document", noFlaw, func(l *simLink) { l.floorBeforeCreate = true }, MaxClockDrift, simMutex, 3000, churn},
+		{"a raw hold's writes unset raw without writing the base", noFlaw, func(l *simLink) { l.baseNeverWritten = true }, MaxClockDrift, simMutex, 3000, nil},
+		{"a takeover of a raw record skips the floor", noFlaw, func(l *simLink) { l.rawFoundSkipsFloor = true }, MaxClockDrift, simMutex, 3000, nil},
 		{"prune's delete matches the revision, not the token", noFlaw, func(l *simLink) {
 			l.deletes = func(r record, d idleRecord) bool { return r.free() && len(r.Waiters) == 0 && r.Rev == d.rev }
-		}, MaxClockDrift, simMutex, 10000},
+		}, MaxClockDrift, simMutex, 10000, nil},
 		{"prune's delete matches neither revision nor token", noFlaw, func(l *simLink) {
 			l.deletes = func(r record, d idleRecord) bool { return r.prunable() }
-		}, MaxClockDrift, simMutex, 3000},
+		}, MaxClockDrift, simMutex, 3000, nil},
 		{"prune's delete ignores waiters and shared holds (RWMutex)", noFlaw, func(l *simLink) {
 			l.deletes = func(r record, d idleRecord) bool {
 				return r.Owner == "" && !r.Raw && r.Rev == d.rev && r.Token == d.token
 			}
-		}, MaxClockDrift, simRW, 3000},
-		{"a shared acquire joins a raw record (Semaphore)", noFlaw, func(l *simLink) { l.sharedJoinsRaw = true }, MaxClockDrift, simSem, 10000},
-		{"a Semaphore allows a permit more than n", flawSharedOverLimit, nil, MaxClockDrift, simSem, 3000},
-		{"shared holds cleared without waiting out their TTL (RWMutex)", flawReapLive, nil, MaxClockDrift, simRW, 3000},
-		{"permits cleared without waiting out their TTL (Semaphore)", flawReapLive, nil, MaxClockDrift, simSem, 3000},
-		{"shared deadline counted from the reply (RWMutex)", flawDeadlineFromReply, nil, MaxClockDrift, simRW, 3000},
-		{"waiters jump the queue", flawQueueJump, nil, MaxClockDrift, simMutex, 100},
-		{"an Unlock keeps the key turn after turn", flawKeepAlways, nil, MaxClockDrift, simMutex, 3000},
+		}, MaxClockDrift, simRW, 3000, churn},
+		{"a shared acquire joins a raw record (Semaphore)", noFlaw, func(l *simLink) { l.sharedJoinsRaw = true }, MaxClockDrift, simSem, 10000, churn},
+		{"a Semaphore allows a permit more than n", flawSharedOverLimit, nil, MaxClockDrift, simSem, 3000, nil},
+		{"shared holds cleared without waiting out their TTL (RWMutex)", flawReapLive, nil, MaxClockDrift, simRW, 3000, nil},
+		{"permits cleared without waiting out their TTL (Semaphore)", flawReapLive, nil, MaxClockDrift, simSem, 3000, nil},
+		{"shared deadline counted from the reply (RWMutex)", flawDeadlineFromReply, nil, MaxClockDrift, simRW, 3000, nil},
+		{"waiters jump the queue", flawQueueJump, nil, MaxClockDrift, simMutex, 100, nil},
+		{"an Unlock keeps the key turn after turn", flawKeepAlways, nil, MaxClockDrift, simMutex, 3000, calm},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			runs, found := 0, ""
@@ -1205,7 +1235,11 @@ func TestSimulationCatchesFlaws(t *testing.T) {
 						return
 					}
 					runs++
-					found, _ = runSim(t, drawSimPlan(rt, tc.drift, tc.mode), tc.flaw, tc.storeFlaw)
+					plan := drawSimPlan(rt, tc.drift, tc.mode)
+					if tc.plan != nil {
+						tc.plan(&plan)
+					}
+					found, _ = runSim(t, plan, tc.flaw, tc.storeFlaw)
 				})
 			}
 			if found == "" {

@@ -275,9 +275,12 @@ func (s *memStore) handoff(ctx context.Context, ref leaseRef, next attempt) (rec
 	if !ok || ref.role != roleExclusive || !r.queueOpen(next) {
 		return record{}, errNotOwner
 	}
-	r.settle(ref)
 	r.Hold, r.TTL, r.Data = next.hold, next.ttl, next.data
-	r.Token++
+	if ref.raw { // as mongoStore: $max to one above the hold's token
+		r.Token, r.Raw = max(r.Token, ref.token+1), false
+	} else {
+		r.Token++
+	}
 	return s.write(ref.key, r), nil
 }
 

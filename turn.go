@@ -47,7 +47,7 @@ import "time"
 // under contention, before its Unlocks requeue. Measured on the test
 // server, 2 Clients holding 300 ms, the head polled four times a
 // hand-over period through the other's hold there: three to five failed
-// attempts a wait, in the first rounds of each run (README, session 19).
+// attempts a wait, in the first rounds of each run.
 // The record a read returns usually tells exactly when the hold began
 // (heldSince), so a wait behind another waiter that is owed the key need
 // not read often to see it begin: it reads every half hold of its own
@@ -100,8 +100,8 @@ func (p *pacing) planTurn(joined time.Time, k int, busy time.Duration, cfg *conf
 	// is late costs every waiter behind it, an early one a retry. (An
 	// average, weighted 1/4, kept one Client whose first hold was slow
 	// aiming late for rounds: measured, 8 Clients holding 20 ms came
-	// within issue 15's wait bound in 3 of 12 runs; with the least, and
-	// the fallback's read at once, in 10 of 19: README.)
+	// within the wait bound in 3 of 12 runs; with the least, and the
+	// fallback's read at once, in 10 of 19.)
 	if p.busy == 0 || busy < p.busy {
 		p.busy = busy
 	} else {
@@ -120,7 +120,7 @@ func (p *pacing) planTurn(joined time.Time, k int, busy time.Duration, cfg *conf
 			// (tookTurn). (Measured on the test server, 8 Clients
 			// holding 20 ms: the first plan aimed 23 to 60 ms late in
 			// four of six traced runs, and the waits of the two rounds
-			// after it went over issue 15's bound.)
+			// after it went over the wait bound.)
 			p.unplanned = true
 			return turnPlan{joined: joined, k: k, learn: true}
 		}
@@ -192,8 +192,7 @@ func (tp *turnPlan) miss(sent, now time.Time) {
 // after the failed attempt), stayed at the edge, and the next first
 // attempt failed again: measured, 2 Clients holding 300 ms, 9 or 10
 // failed attempts in the 24 turns after the eighth (four traced runs);
-// with the whole step, 0 to 8, 2 to 4 in most (fifteen traced runs, with
-// session 19's other changes: README).
+// with the whole step, 0 to 8, 2 to 4 in most (fifteen traced runs).
 //
 // The pull towards busy is what keeps a queue of waiters from settling
 // in a slow rhythm: a waiter can take the key no sooner than the one
@@ -212,10 +211,9 @@ func (tp *turnPlan) miss(sent, now time.Time) {
 // alone can come out long, and a guess that is long puts an aim late:
 // measured (8 Clients holding 20 ms), a hold slowed once to 58 or 63 ms,
 // taken alone as the guess, put the next aims 46 and 84 ms late, over
-// issue 15's bound for the rounds after; with the shorter of the two, 26
-// runs of 30 came within it (against the looser bound the benchmark then
-// computed from a cold server's floor; with the warm floor, 9 of 12, and
-// session 15's code 0 of 6: README).
+// the wait bound for the rounds after; with the shorter of the two, 26
+// runs of 30 came within it (against a looser bound computed from a cold
+// server's floor; with the warm floor, 9 of 12).
 func (p *pacing) tookTurn(tp turnPlan, now time.Time) {
 	if tp.k == 0 {
 		return
@@ -342,8 +340,8 @@ func heldSince(last, now sighting, an anchor) (began time.Time, ok bool) {
 // least a third of the period: as Clients start, the period counts the
 // time the key sat free while their first waits polled on the backoff
 // (450 to 770 ms measured, for 300 ms holds), and an aim that late
-// leaves the key free again and puts the next waits off (README, session
-// 20); far shorter own holds say little of the others'. The wait sends
+// leaves the key free again and puts the next waits off; far shorter own
+// holds say little of the others'. The wait sends
 // its first attempt then, rather than polling four times a period, and
 // retries as a requeued wait does, but each retry twice as long after
 // the last (the hold may be longer than estimated); it sleeps at most
