@@ -294,7 +294,7 @@ func TestRequeueGuessesAgain(t *testing.T) {
 // the maximum backoff between two commands (WithBackoff: the schedule
 // keeps within its bounds). Four Clients hold the key for a second each,
 // and pause between Unlock and Lock longer than the requeue window, so
-// every wait registers afresh and none is planned (turn.go); the estimate
+// every wait registers afresh and none is planned (pacer.go); the estimate
 // then puts the last waiter's next read half a second or more away.
 // Between two commands of a waiting Lock there is at most the maximum
 // backoff, jittered by up to half (backoff.go).

@@ -3,7 +3,6 @@ package dlock
 import (
 	"context"
 	"errors"
-	"time"
 )
 
 // This file is the keep: an Unlock under contention that, instead of
@@ -32,88 +31,6 @@ import (
 // (Close waits for that write). The extender does not extend a kept hold:
 // the window is far shorter than the time left on its lease, and a Lock
 // that comes after the lease's deadline does not take it over.
-
-// keepFactor: a hold is kept when it lasted less than keepFactor round
-// trips of its primitive's acquires. (Measured on the test server, 8
-// Clients looping with 20 ms holds, which 32 keeps and 4 does not: 32
-// gave 0.90 to 1.02 times the throughput of dlock before fair queueing
-// in four runs, at 1.7 to 2.4 commands an acquisition; 4 gave 0.78 and
-// 0.79, at 4.7 and 5.5.)
-const keepFactor = 32
-
-// took notes that a Lock of the primitive took the key by a write sent at
-// sent, taking it at now: a hold an Unlock kept, or not (then the write
-// was an acquire, whose round trip, rtt, it tracks, and which begins a run
-// of holds). The round trip is the acquire's alone: a key's first acquire
-// also reads the floor and raises the token counter, and counted with
-// them (measured: 10 ms on the test server, as a Client starts), a hold
-// of 300 ms looked short (under keepFactor round trips), and the next
-// acquire reserved a spare token it did not use.
-func (p *pacing) took(sent, now time.Time, rtt time.Duration, kept bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.held, p.kept = now, kept
-	if kept {
-		return
-	}
-	p.batch = sent
-	if p.rtt == 0 || rtt < p.rtt { // the least, drifting up as it ages
-		p.rtt = rtt
-	} else {
-		p.rtt += (rtt - p.rtt) / 32
-	}
-}
-
-// batchSince returns when the acquire was sent that began the primitive's
-// run of holds that ends with a hold acquired (sent) at from: from itself,
-// unless that hold was kept.
-func (p *pacing) batchSince(from time.Time) time.Time {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.kept && !p.batch.IsZero() {
-		return p.batch
-	}
-	return from
-}
-
-// keeping reports whether an Unlock of a hold that its Lock had
-// to wait for, keeps the hold (see the file's comment).
-func (p *pacing) keeping(cfg *config) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.held.IsZero() {
-		return false
-	}
-	switch {
-	case !cfg.pacer.uses(ruleKeep):
-		return false
-	case cfg.flaw == flawKeepAlways:
-	default:
-		if p.kept {
-			return false
-		}
-	}
-	return p.short(cfg)
-}
-
-// spare reports whether the primitive's next acquire as a registered
-// waiter reserves a spare token: whether its last hold was short, so that
-// its Unlock will likely keep the next. (Reserving one for every such
-// acquire would move the token counter two a hold where none is kept, and
-// the waiters' estimate of how often the key changes hands with it.)
-func (p *pacing) spare(cfg *config) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.short(cfg)
-}
-
-// short reports, with p.mu held, whether the primitive's last hold was
-// short: less than keepFactor round trips of its acquires (the least
-// seen lately; each counted as at least a 32nd of the minimum backoff: a
-// hand-over costs at least a waiter's poll, however near the server).
-func (p *pacing) short(cfg *config) bool {
-	return !p.held.IsZero() && p.hold < keepFactor*max(p.rtt, cfg.minBackoff/32)
-}
 
 // keep keeps exclusive lease l, which its Unlock has ended, for the next
 // Lock of its primitive (claim cl): the hold, under the spare token its

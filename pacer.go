@@ -1,6 +1,9 @@
 package dlock
 
-import "time"
+import (
+	"sync"
+	"time"
+)
 
 // A pacer decides when a wait sends its next command. Whatever it
 // answers, the server's filters keep exclusion, the queue's order and the
@@ -25,8 +28,8 @@ type rule uint8
 const (
 	ruleKeep     rule = 1 << iota // an Unlock of a short hold keeps it for its Mutex's next Lock (keep.go)
 	ruleRequeue                   // an Unlock under contention registers its Mutex's next Lock in the same write (requeue.go)
-	ruleTurnPlan                  // a requeued wait sleeps until its turn is due (turn.go: planTurn)
-	ruleHeadPlan                  // a head that saw the hold it waits for begin sleeps until it is due to end (turn.go: planHead)
+	ruleTurnPlan                  // a requeued wait sleeps until its turn is due (planTurn)
+	ruleHeadPlan                  // a head that saw the hold it waits for begin sleeps until it is due to end (planHead)
 	rulePeriod                    // waits poll at fractions of how often the key changes hands (wait.go: pause)
 )
 
@@ -36,3 +39,640 @@ type rulesPacer struct{}
 func (rulesPacer) sleep(proposed, _ time.Duration) time.Duration { return proposed }
 
 func (rulesPacer) uses(rule) bool { return true }
+
+// A pacing is what rulesPacer's rules remember of one primitive's waits
+// and holds: its last wait (see pace), its key's queue and token counters
+// as last seen, how long turns and holds last. Every field, and every
+// method that reads or writes one, is in this file.
+type pacing struct {
+	mu        sync.Mutex
+	last      pace          // guarded by mu
+	queue     int64         // guarded by mu
+	sample    sample        // guarded by mu: the token counter last seen
+	every     time.Duration // guarded by mu: how often the key changes hands, estimated
+	turn      time.Duration // guarded by mu: a requeued wait's turn, per waiter ahead, as learnt (planTurn)
+	busy      time.Duration // guarded by mu: how long its holds last, from acquire to release: the least lately (planTurn)
+	rtt       time.Duration // guarded by mu: the round trip of its acquires that took the key, the least seen lately (keep.go)
+	held      time.Time     // guarded by mu: when its last Lock took the key
+	hold      time.Duration // guarded by mu: how long its last hold lasted, from the Lock's return to the Unlock (keep.go)
+	batch     time.Time     // guarded by mu: when the acquire was sent that began its last run of holds (keep.go)
+	kept      bool          // guarded by mu: its last Lock took a hold its Unlock kept (keep.go)
+	late      int           // guarded by mu: requeued waits in a row whose first attempt failed (planTurn)
+	unplanned bool          // guarded by mu: its first requeued wait, with others ahead, went unplanned (planTurn)
+
+	freed    sighting  // guarded by mu: when the last Unlock sent the write that freed the key, and the counter as it left it; zero if it kept the hold (planHead)
+	unlocked time.Time // guarded by mu: when the last Unlock returned (requeue.go)
+	soon     bool      // guarded by mu: the last Lock began within the requeue window after the Unlock before it
+}
+
+// sawToken records the key's token counter t, seen at now, and updates
+// the estimate of how often the key changes hands (a moving average).
+// Tokens also count shared holds and raises: the estimate only paces
+// polls.
+func (p *pacing) sawToken(t Token, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.sample.at.IsZero() && t > p.sample.token && now.After(p.sample.at) {
+		d := now.Sub(p.sample.at) / time.Duration(t-p.sample.token)
+		if p.every == 0 {
+			p.every = d
+		} else {
+			p.every = (3*p.every + d) / 4
+		}
+	}
+	if t != p.sample.token || p.sample.at.IsZero() {
+		p.sample = sample{now, t}
+	}
+}
+
+// period is the estimate of how often the key changes hands, 0 if none or
+// if the token counter was last seen to move more than ttl before now.
+func (p *pacing) period(now time.Time, ttl time.Duration) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.sample.at.IsZero() || now.Sub(p.sample.at) > ttl {
+		return 0
+	}
+	return p.every
+}
+
+// A sample is a key's token counter as seen at a time on the Client's clock.
+type sample struct {
+	at    time.Time
+	token Token
+}
+
+// contended reports whether the primitive's last wait ended less than a
+// TTL before now: a Lock then registers in the queue at once, rather than
+// spending a command on an attempt that is likely to fail.
+func (p *pacing) contended(now time.Time, cfg *config) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return !p.last.at.IsZero() && now.Sub(p.last.at) < cfg.ttl
+}
+
+// queueGuess is the queue counter to register with: the one last seen,
+// plus queueSlack. A registration takes the number after its guess if the
+// counter is at most the guess, so the slack lets it through when up to
+// queueSlack waiters registered since the primitive last looked, which
+// would otherwise cost a failed write and a read. Numbers stay unique and
+// grow in the order registrations apply, which is all the queue needs of
+// them (docs/design.md, rule 6).
+func (p *pacing) queueGuess() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.queue + queueSlack
+}
+
+// queueSlack: see queueGuess. Two Clients that last saw the same counter
+// guess the same: the first to register moves the counter to its guess
+// plus one, past the other's guess, so the other's registration (or
+// requeue) fails. Its second try guesses queueSlack+1 higher, which is the
+// first's number plus queueSlack, without reading the counter first.
+// (Measured on the test server, 2 Clients holding 300 ms: at the start,
+// one registration in three runs, and now and then a requeue, failed so,
+// and each cost a read and another write, a failed requeue also a
+// release.)
+const queueSlack = 64
+
+func (p *pacing) sawQueue(q int64) {
+	p.mu.Lock()
+	p.queue = q
+	p.mu.Unlock()
+}
+
+func (p *pacing) start(now time.Time, cfg *config) poller {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.last.start(now, cfg)
+}
+
+func (p *pacing) ended(interval time.Duration, now time.Time) {
+	p.mu.Lock()
+	p.last = pace{interval: interval, at: now}
+	p.mu.Unlock()
+}
+
+// The keep's memory (keep.go).
+
+// keepFactor: a hold is kept when it lasted less than keepFactor round
+// trips of its primitive's acquires. (Measured on the test server, 8
+// Clients looping with 20 ms holds, which 32 keeps and 4 does not: 32
+// gave 0.90 to 1.02 times the throughput of dlock before fair queueing
+// in four runs, at 1.7 to 2.4 commands an acquisition; 4 gave 0.78 and
+// 0.79, at 4.7 and 5.5.)
+const keepFactor = 32
+
+// took notes that a Lock of the primitive took the key by a write sent at
+// sent, taking it at now: a hold an Unlock kept, or not (then the write
+// was an acquire, whose round trip, rtt, it tracks, and which begins a run
+// of holds). The round trip is the acquire's alone: a key's first acquire
+// also reads the floor and raises the token counter, and counted with
+// them (measured: 10 ms on the test server, as a Client starts), a hold
+// of 300 ms looked short (under keepFactor round trips), and the next
+// acquire reserved a spare token it did not use.
+func (p *pacing) took(sent, now time.Time, rtt time.Duration, kept bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held, p.kept = now, kept
+	if kept {
+		return
+	}
+	p.batch = sent
+	if p.rtt == 0 || rtt < p.rtt { // the least, drifting up as it ages
+		p.rtt = rtt
+	} else {
+		p.rtt += (rtt - p.rtt) / 32
+	}
+}
+
+// batchSince returns when the acquire was sent that began the primitive's
+// run of holds that ends with a hold acquired (sent) at from: from itself,
+// unless that hold was kept.
+func (p *pacing) batchSince(from time.Time) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.kept && !p.batch.IsZero() {
+		return p.batch
+	}
+	return from
+}
+
+// keeping reports whether an Unlock of a hold that its Lock had
+// to wait for, keeps the hold (see the file's comment).
+func (p *pacing) keeping(cfg *config) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held.IsZero() {
+		return false
+	}
+	switch {
+	case !cfg.pacer.uses(ruleKeep):
+		return false
+	case cfg.flaw == flawKeepAlways:
+	default:
+		if p.kept {
+			return false
+		}
+	}
+	return p.short(cfg)
+}
+
+// spare reports whether the primitive's next acquire as a registered
+// waiter reserves a spare token: whether its last hold was short, so that
+// its Unlock will likely keep the next. (Reserving one for every such
+// acquire would move the token counter two a hold where none is kept, and
+// the waiters' estimate of how often the key changes hands with it.)
+func (p *pacing) spare(cfg *config) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.short(cfg)
+}
+
+// short reports, with p.mu held, whether the primitive's last hold was
+// short: less than keepFactor round trips of its acquires (the least
+// seen lately; each counted as at least a 32nd of the minimum backoff: a
+// hand-over costs at least a waiter's poll, however near the server).
+func (p *pacing) short(cfg *config) bool {
+	return !p.held.IsZero() && p.hold < keepFactor*max(p.rtt, cfg.minBackoff/32)
+}
+
+// The requeue's memory (requeue.go).
+
+// requeueWindow is how soon after an Unlock a primitive's next Lock must
+// come for its Unlocks to requeue it, and how long a requeued registration
+// waits for that Lock.
+func requeueWindow(cfg *config) time.Duration { return cfg.minBackoff }
+
+// relocking notes that a Lock of the primitive begins at now.
+func (p *pacing) relocking(now time.Time, window time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.soon = !p.unlocked.IsZero() && now.Sub(p.unlocked) < window
+}
+
+// unlocking reports whether an Unlock of the primitive that begins at now
+// should requeue: its last Lock came within the window after the Unlock
+// before it returned, and had to wait less than a TTL ago. It notes how
+// long the hold lasted (keep.go).
+func (p *pacing) unlocking(now time.Time, cfg *config) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.held.IsZero() {
+		p.hold = now.Sub(p.held)
+	}
+	p.freed = sighting{} // until freeing: the Unlock may keep the hold
+	return p.soon && !p.last.at.IsZero() && now.Sub(p.last.at) < cfg.ttl
+}
+
+// ownHold is how long the primitive's holds last, as far as it knows,
+// measured as busy is, from the acquire's send to the release's reply: the
+// least of its requeued holds lately, or its last hold (from its Lock's
+// return to its Unlock) and the two writes' round trips, whichever is
+// longer; 0 if unknown.
+func (p *pacing) ownHold() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.hold == 0 {
+		return p.busy
+	}
+	return max(p.busy, p.hold+2*p.rtt)
+}
+
+// freeing notes that an Unlock of the primitive sends, at now, the write
+// that frees the key, whose token counter its hold left at t (planHead).
+func (p *pacing) freeing(now time.Time, t Token) {
+	p.mu.Lock()
+	p.freed = sighting{sent: now, token: t}
+	p.mu.Unlock()
+}
+
+// takeFreed returns what freeing last noted, and forgets it: the zero
+// sighting if the last Unlock kept its hold, or if a Lock took it already.
+func (p *pacing) takeFreed() sighting {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f := p.freed
+	p.freed = sighting{}
+	return f
+}
+
+// unlockedAt notes that an Unlock of the primitive returned at now. The
+// window is counted from there, not from when the Unlock began: its write
+// may have waited behind other Clients' commands for longer than the
+// window (measured: under 8 Clients on the test server, the requeue then
+// stopped at every other Unlock).
+func (p *pacing) unlockedAt(now time.Time) {
+	p.mu.Lock()
+	p.unlocked = now
+	p.mu.Unlock()
+}
+
+// The turn plans. The schedule of a requeued wait: when a Lock that adopted
+// the registration its primitive's Unlock made (requeue.go) sends its
+// acquire attempts. docs/fairness.md has why.
+//
+// A requeued waiter knows when it joined the queue (the reply to its
+// Unlock's write, which also freed the key for the head) and how many
+// waiters were ahead of it then (k). Under steady contention each of them
+// takes the key about one turn after the one before, so its own turn
+// comes about k turns after it joined. Rather than reading the document to
+// learn when it reaches the head (a command a read, and the key stays free
+// until the head's next poll), it sends its first acquire attempt when its
+// turn is due, then retries a short interval apart. The attempt's filter
+// lets it take the key only once every waiter ahead is gone (rule 6 in
+// docs/design.md), so an early attempt costs one failed command, never the order.
+// No sleep is longer than maxSleep, though: a wait woken before its turn
+// polls as an unplanned one does (turnPlan.due), so that a turn learnt
+// long, or a queue that moved on without it, costs commands, never the
+// liveness bounds of docs/fairness.md.
+//
+// The length of a turn is learnt per primitive, from its own waits (see
+// tookTurn). The first requeued wait with more than one waiter ahead is
+// not planned but measures the turn (planTurn has why); the first guess is
+// the shorter of that measure and the primitive's own hold. Then, when the
+// first attempt took the key, the next wait aims a quarter of a retry
+// interval earlier (or half the way down to the primitive's own hold, if
+// that is more); when it failed, half an interval later (doubled for each
+// such wait in a row). So, when turns are steady, about a third of the
+// first attempts are early (more when the pull towards the own hold
+// exceeds a quarter interval: docs/fairness.md; about one in nine with a single
+// waiter ahead, whose steps are smaller: tookTurn), and the key rarely
+// stays free and owed to a waiter for longer than a retry interval: a
+// sixteenth of a turn, but at least a sixteenth of the minimum backoff and
+// at most half the maximum (turnRetry). A wait whose turn has not come
+// after turnRetries attempts goes back to the ordinary schedule (reads,
+// and watches of the holder and of the waiters ahead), which clears
+// crashed holders and waiters; it reads at once, for it is late and the
+// key may be free and owed to it (TestTurnPlanRunsOut). (It slept half a
+// hand-over period first; measured, that left the key free for it while 8
+// Clients waited, in the first rounds of the benchmark.)
+//
+// A wait that was not requeued plans too, once it is at the head and has
+// seen the hold it waits for begin (planHead): a Client's first Locks
+// under contention, before its Unlocks requeue. Measured on the test
+// server, 2 Clients holding 300 ms, the head polled four times a
+// hand-over period through the other's hold there: three to five failed
+// attempts a wait, in the first rounds of each run.
+// The record a read returns usually tells exactly when the hold began
+// (heldSince), so a wait behind another waiter that is owed the key need
+// not read often to see it begin: it reads every half hold of its own
+// Mutex (at most the maximum backoff apart) while it knows no hand-over
+// period (wait.go, pause).
+
+// turnRetries is how many attempts a scheduled wait makes before it falls
+// back to the ordinary schedule.
+const turnRetries = 8
+
+// maxSleep is the longest a wait sleeps at once, whatever its pacing
+// planned: the longest sleep of the ordinary schedule, the maximum
+// backoff jittered up by half (backoff.go), so that every liveness bound
+// that allows a poll interval (a crashed holder, a crashed, cut-off or
+// cancelled waiter ahead) holds for a planned wait too.
+func maxSleep(cfg *config) time.Duration { return cfg.maxBackoff + cfg.maxBackoff/2 }
+
+// A turnPlan is one planned wait's schedule: a requeued wait's
+// (planTurn), or that of a head that saw its hold begin (planHead). The
+// zero value is no plan. It is used by the acquiring goroutine only.
+type turnPlan struct {
+	on     bool          // attempts follow the plan
+	joined time.Time     // when the wait joined the queue, the requeue's reply; for a head's plan, when the hold began, as estimated
+	k      int           // waiters ahead of it then; 0 for no plan
+	next   time.Time     // when the next attempt is due
+	retry  time.Duration // between attempts after the first
+	failed int           // attempts that found the key not yet its turn
+	learn  bool          // no plan: the wait only measures the turn, for the next (see planTurn)
+	head   bool          // a plan of planHead's: retries double, and no sleep before next is longer than the maximum backoff
+}
+
+// due reports whether the plan's attempts are due at now: a head's plan
+// attempts whenever it wakes (it sleeps at most the maximum backoff at a
+// time); a requeued wait's, from when its turn is due. A requeued wait
+// that maxSleep, or a watch come due, woke before that polls as an
+// unplanned wait does (the head with an attempt, a waiter behind it by
+// reading the document, which clears crashed waiters ahead and watches
+// the holder), and the plan stands.
+func (tp *turnPlan) due(now time.Time) bool { return tp.on && (tp.head || !now.Before(tp.next)) }
+
+// planTurn returns the schedule of a wait that joined the queue at
+// joined with k waiters ahead of it, after a hold of its primitive that
+// lasted busy from its acquire's send to its release's reply: no plan (the
+// zero turnPlan) when none is ahead, and, for the primitive's first
+// requeued wait with more than one ahead, no plan but a measure (learn).
+func (p *pacing) planTurn(joined time.Time, k int, busy time.Duration, cfg *config) turnPlan {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	// The shortest hold seen lately, drifting up as it ages: an aim that
+	// is late costs every waiter behind it, an early one a retry. (An
+	// average, weighted 1/4, kept one Client whose first hold was slow
+	// aiming late for rounds: measured, 8 Clients holding 20 ms came
+	// within the wait bound in 3 of 12 runs; with the least, and the
+	// fallback's read at once, in 10 of 19.)
+	if p.busy == 0 || busy < p.busy {
+		p.busy = busy
+	} else {
+		p.busy += (busy - p.busy) / 8
+	}
+	if p.turn == 0 {
+		if k > 1 && !p.unplanned {
+			// Not for this wait. A primitive's first requeued wait comes
+			// when the Clients ahead may still be on their first Locks,
+			// whose holds are single (a first Lock reserves no spare:
+			// keep.go), so k of its own kept holds overestimate the wait,
+			// and a late aim leaves the key free, owed to this waiter,
+			// while every waiter behind it waits too. This wait runs on
+			// the ordinary schedule, which reads the document to learn
+			// when it is at the head, and measures the turn for the next
+			// (tookTurn). (Measured on the test server, 8 Clients
+			// holding 20 ms: the first plan aimed 23 to 60 ms late in
+			// four of six traced runs, and the waits of the two rounds
+			// after it went over the wait bound.)
+			p.unplanned = true
+			return turnPlan{joined: joined, k: k, learn: true}
+		}
+		p.turn = p.busy // as first guess, the others hold the key as long as this primitive does
+	}
+	if k == 0 || p.turn <= 0 {
+		return turnPlan{}
+	}
+	return turnPlan{on: true, joined: joined, k: k, next: joined.Add(time.Duration(k) * p.turn), retry: turnRetry(p.turn, cfg)}
+}
+
+// turnRetry is the interval between a scheduled wait's attempts, for
+// turns of about u: a sixteenth of a turn, within the backoff's bounds.
+// A retry that comes late leaves the key free, owed to the waiter, until
+// it comes. (Measured on the test server, 8 Clients looping with 20 ms
+// holds, one run each: an eighth, 38.0 acquisitions a second and 0.53
+// early attempts an acquisition; a sixteenth, 39.3 and 0.38.)
+func turnRetry(u time.Duration, cfg *config) time.Duration {
+	return min(max(u/16, cfg.minBackoff/16), cfg.maxBackoff/2)
+}
+
+// miss notes that an attempt sent at sent found the key not yet the
+// wait's, at now; after turnRetries of them the plan ends. The next
+// attempt waits the retry interval, and at least the round trip of this
+// one: waiters that all aimed early (when one ahead of them was late)
+// must not fill a server that runs one command at a time with misses, or
+// the holder's own commands queue behind them and every turn is late.
+func (tp *turnPlan) miss(sent, now time.Time) {
+	if tp.head && sent.Before(tp.next) {
+		return // sent early, at the maximum backoff: the plan stands
+	}
+	tp.failed++
+	tp.next = now.Add(max(tp.retry, now.Sub(sent)))
+	if tp.head {
+		tp.retry *= 2 // see planHead
+	}
+	if tp.failed >= turnRetries {
+		tp.on = false
+	}
+}
+
+// tookTurn learns from a planned wait (tp) that took the key at now: see
+// the file's comment. A first attempt that took the key moves the next
+// aim earlier: by a quarter of a retry interval, or half the way down to
+// this primitive's own hold time (busy) if that is more. One
+// that failed moves it later: by half a retry interval, doubled for each
+// wait in a row that failed, but never later than a retry interval before
+// this wait took the key (with one waiter ahead, than when it took it:
+// below).
+//
+// With one waiter ahead (two Clients taking turns) a success moves the aim
+// earlier by a sixteenth of a retry interval, or half the way down to the
+// own hold plus a retry interval if that is more: so about one first
+// attempt in nine is early (the steps are 1/16 and 1/2 of an interval),
+// not one in three, and the aim is pulled no lower than a retry after the
+// own hold, not to it. The waiter's turn is the other Client's hold plus
+// the time it took that Client to come, so an aim at the own hold alone
+// was early whenever the other came late: measured on the test server, 2
+// Clients holding 300 ms, 3.00 to 3.16 commands an acquisition in six runs
+// (0.59 to 0.84 failed attempts, the start's polls included), against 2.84
+// to 3.10 (0.38 to 0.71) this way, interleaved. A late aim costs at most
+// about a retry interval, a sixteenth of the turn, and with one waiter
+// ahead it holds up no one else. With more ahead, a late aim holds up
+// every waiter behind, so the larger step and the pull to the hold stay.
+// For the same reason, with one waiter ahead a failed first attempt moves
+// the aim a whole step later, up to when the wait took the key: capped a
+// retry interval before that, as with more ahead, the aim moved a
+// millisecond or two (the retry took the key about one retry interval
+// after the failed attempt), stayed at the edge, and the next first
+// attempt failed again: measured, 2 Clients holding 300 ms, 9 or 10
+// failed attempts in the 24 turns after the eighth (four traced runs);
+// with the whole step, 0 to 8, 2 to 4 in most (fifteen traced runs).
+//
+// The pull towards busy is what keeps a queue of waiters from settling
+// in a slow rhythm: a waiter can take the key no sooner than the one
+// ahead of it has had its turn, so if every waiter aims late, each one's
+// wait shows the others' lateness, and learning from waits alone would
+// keep them all late. A turn is about a hold (busy runs from the
+// acquire's send to the release's reply, so it counts both writes of a
+// hand-over), so aiming at the holds, and retrying when that was too
+// early, converges to the fast rhythm when the holds are alike. (It aimed
+// at 1.25 holds at first, which, with busy counting the hand-over
+// already, let a turn of two kept holds settle up to a quarter late.)
+//
+// A wait that planTurn left unplanned, the primitive's first requeued
+// one, only measures: the first guess of a turn is then the time it took
+// per waiter ahead, or the primitive's own hold if that is shorter. Either
+// alone can come out long, and a guess that is long puts an aim late:
+// measured (8 Clients holding 20 ms), a hold slowed once to 58 or 63 ms,
+// taken alone as the guess, put the next aims 46 and 84 ms late, over
+// the wait bound for the rounds after; with the shorter of the two, 26
+// runs of 30 came within it (against a looser bound computed from a cold
+// server's floor; with the warm floor, 9 of 12).
+func (p *pacing) tookTurn(tp turnPlan, now time.Time) {
+	if tp.k == 0 {
+		return
+	}
+	k := time.Duration(tp.k)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if tp.learn {
+		if p.turn == 0 {
+			p.turn = min(p.busy, now.Sub(tp.joined)/k)
+		}
+		return
+	}
+	u := p.turn
+	step := tp.retry / 2 / k
+	if tp.on && tp.failed == 0 { // the first attempt took it: aim earlier
+		if tp.k == 1 {
+			u -= max(step/8, (u-p.busy-tp.retry)/2)
+		} else {
+			u -= max(step/2, (u-p.busy)/2)
+		}
+		p.late = 0
+	} else { // later, but not later than it took the key
+		ceil := (now.Sub(tp.joined) - tp.retry) / k // at the last attempt that failed, about
+		if tp.k == 1 {
+			ceil = now.Sub(tp.joined)
+		}
+		u = max(u, min(u+step<<min(p.late, 8), ceil))
+		p.late++
+	}
+	p.turn = max(u, time.Microsecond)
+}
+
+// A sighting is a key's token counter as a wait saw it, and when the
+// command that showed it was sent; with the record it was in, when there
+// was one (an Unlock's freeing write returns none).
+type sighting struct {
+	sent  time.Time
+	token Token
+	r     record // Rev 0: none
+}
+
+// An anchor is a moment that both the server's clock and this Client's
+// clock saw: a write of the wait's own (its registration, or the requeue
+// that made it), stamped by the server (record.At), and sent and answered
+// within half a round trip (half) of local.
+type anchor struct {
+	server, local time.Time
+	half          time.Duration
+}
+
+// anchorAt returns the anchor of a write sent at sent and answered at
+// answered, which the server stamped at.
+func anchorAt(at, sent, answered time.Time) anchor {
+	half := answered.Sub(sent) / 2
+	return anchor{server: at, local: sent.Add(half), half: half}
+}
+
+// heldSince returns when, on this Client's clock, the hold that now's
+// record shows began, if the record tells: when last's record showed the
+// key free, and the hold's acquire is the only write to it since (its
+// stamp, record.At, is then the acquire's), and a write of the wait's own
+// (an) maps the server's clock onto this Client's. The two clocks are not
+// compared: the time between two stamps, on the server's clock, is added
+// to when the anchor's write was made, on this one. ok is false when the
+// record does not tell: no anchor; the key held when last looked (its
+// release and the next acquire are two writes, as are a takeover and the
+// new holder's first extension); or other writes since (a revision more
+// than the acquire's, a waiter that registered, left or was extended,
+// other than the acquirer's own registration, which its acquire ends).
+func heldSince(last, now sighting, an anchor) (began time.Time, ok bool) {
+	lr, r := last.r, now.r
+	if an.server.IsZero() || lr.Rev == 0 || !lr.free() || r.Rev != lr.Rev+1 || r.Queue != lr.Queue ||
+		r.Owner == "" || now.token != last.token+1 || r.At.Before(an.server) {
+		return time.Time{}, false
+	}
+	acquirer, kept := holdKey(r.Owner, r.Hold), 0
+	for hk, e := range lr.Waiters {
+		e2, ok := r.Waiters[hk]
+		if ok == (hk == acquirer) || ok && (e2.Stored != e.Stored || e2.Epoch != e.Epoch) {
+			return time.Time{}, false
+		}
+		if ok {
+			kept++
+		}
+	}
+	if len(r.Waiters) != kept {
+		return time.Time{}, false
+	}
+	// The anchor's local time is its write's within half its round trip,
+	// and the server stamps to the millisecond; and the hold began after
+	// last's command ran, before now's did, which may be up to a round
+	// trip after it was sent: allow for that, and put the start within
+	// the sends (an aim at most a round trip early).
+	slack := max(5*time.Millisecond, an.half)
+	began = an.local.Add(r.At.Sub(an.server))
+	if began.Before(last.sent.Add(-slack)) || began.After(now.sent.Add(slack)) {
+		return time.Time{}, false // the clocks do not agree (a step, another server): leave it
+	}
+	switch {
+	case began.Before(last.sent):
+		began = last.sent
+	case began.After(now.sent):
+		began = now.sent
+	}
+	return began, true
+}
+
+// planHead returns the schedule of a wait at the head of the queue whose
+// command sent at now.sent showed the key held under token counter
+// now.token, when it had last seen the counter, in a reply to a command
+// sent at last.sent (or freed it, in the Unlock before), at last.token:
+// no plan (the zero turnPlan) unless the counter is one more, so that
+// the hold it waits for is the one hold that began between the two
+// sends. When the record tells when it began (heldSince, with an, a
+// write of the wait's own), the plan starts from then; otherwise from
+// the sends' midpoint, and only if they were at most a quarter of a
+// hand-over period apart: the midpoint could otherwise be later than the
+// hold's start by more than the head's polls, four a period, would be
+// (measured by a review, in a simulation: a Lock that came 250 ms after
+// its Unlock, with 300 ms holds, left the key free 126 ms on average,
+// against 39 polling). The hold is due to end a hand-over period after
+// it began, or a hold of the wait's own Mutex, if that is shorter but at
+// least a third of the period: as Clients start, the period counts the
+// time the key sat free while their first waits polled on the backoff
+// (450 to 770 ms measured, for 300 ms holds), and an aim that late
+// leaves the key free again and puts the next waits off; far shorter own
+// holds say little of the others'. The wait sends
+// its first attempt then, rather than polling four times a period, and
+// retries as a requeued wait does, but each retry twice as long after
+// the last (the hold may be longer than estimated); it sleeps at most
+// the maximum backoff at a time, as the ordinary schedule does, and an
+// attempt sent early so does not count as a miss. The plan teaches
+// tookTurn nothing (k is 0).
+func (p *pacing) planHead(last, now sighting, an anchor, cfg *config) turnPlan {
+	if last.sent.IsZero() || now.token != last.token+1 || now.sent.Before(last.sent) {
+		return turnPlan{}
+	}
+	period := p.period(now.sent, cfg.ttl)
+	window := now.sent.Sub(last.sent)
+	began, exact := heldSince(last, now, an)
+	if !exact {
+		began = last.sent.Add(window / 2)
+	}
+	if period <= 0 || !exact && window > period/4 {
+		return turnPlan{}
+	}
+	hold := period
+	if own := p.ownHold(); own >= period/3 {
+		hold = min(hold, own)
+	}
+	if !began.Add(hold).After(now.sent) {
+		return turnPlan{}
+	}
+	return turnPlan{on: true, joined: began, next: began.Add(hold), retry: turnRetry(hold, cfg), head: true}
+}

@@ -47,9 +47,9 @@ func (s slowStore) release(ctx context.Context, ref leaseRef) error {
 // contention spend at most three commands an acquisition: the
 // Unlock's requeue, the acquire that takes the key, the acquires that came
 // too early, and, every other turn, the handoff of a kept hold (keep.go).
-// A requeued wait sends its attempts when its turn is due (turn.go)
+// A requeued wait sends its attempts when its turn is due (pacer.go, planTurn)
 // instead of reading the document to learn when it reaches the head;
-// without that and the keep (backoffPacer, dlock before turn.go and
+// without that and the keep (backoffPacer, dlock before turn plans and
 // keep.go) the same run costs more, which shows the check has teeth. The commands are counted after a few rounds, once the waits
 // have learnt how long a turn is. (The order of the turns is checked by
 // TestFairQueueNoStarvation and, on every write, by the simulation.)
@@ -460,7 +460,7 @@ func TestTurnPlanRunsOut(t *testing.T) {
 // TestHeadPlan: a Lock at the head of the queue that saw the hold it waits
 // for begin (the key's token counter one more than it last saw, here when
 // its Mutex's Unlock freed the key) sends its first attempt about a hold
-// after that, not polling through the hold (turn.go, planHead). x holds
+// after that, not polling through the hold (pacer.go, planHead). x holds
 // the key for a second; y waits for it, polling a millisecond or so apart
 // (WithBackoff), so it takes the key within a couple of milliseconds of
 // x's Unlock; x's next Lock, sent once y holds the key, registers and sees

@@ -33,7 +33,7 @@ import (
 // for itself is handed over by one write, as a local handoff is). A wait
 // that adopted a requeued registration sends no command until its turn is
 // due (woken earlier, as maxSleep may wake it, it polls as other waits
-// do), then acquire attempts, whatever its place as last seen (turn.go);
+// do), then acquire attempts, whatever its place as last seen (pacer.go);
 // after turnRetries early ones, or any other failure, it polls as other
 // waits do. The head polls with acquire attempts, one command that takes
 // the key when it is free; the waiters behind it poll by reading the
@@ -271,7 +271,7 @@ func (x *exclusiveWait) attemptOnce() (s step, read bool, err error) {
 	case !errors.Is(err, errHeld):
 		x.unsure, x.tp.on = true, false
 	case x.tp.due(sent):
-		err = nil // not its turn yet: retry, reading only to trace, or when the plan ended (turn.go)
+		err = nil // not its turn yet: retry, reading only to trace, or when the plan ended (pacer.go)
 		x.tp.miss(sent, c.clock.Now())
 		read = !x.tp.on || x.tracing && x.events < maxHeldEvents && x.attempts&(x.attempts-1) == 0
 	case x.afterRead:
