@@ -172,11 +172,9 @@ func TestKeepTurns(t *testing.T) {
 		st := newMemStore()
 		const n = 3
 		var ms []*Mutex
-		var hs []*hooked
 		for range n {
-			c, h := memClient(t, slowStore{st, time.Millisecond})
+			c, _ := memClient(t, slowStore{st, time.Millisecond})
 			ms = append(ms, c.NewMutex("k"))
-			hs = append(hs, h)
 		}
 		order := ringRounds(t, ms, 40, time.Millisecond)
 		run, longest := 1, 1
