@@ -340,7 +340,6 @@ const (
 	flawWallClockExpiry           // a waiter takes over when its wall clock passes the holder's stamp plus the TTL
 	flawDeadlineFromReply         // the lease deadline counted from the reply, not the send
 	flawExtendReleasing           // the extender extends a lease being released (and Release ends it only once answered)
-	flawPruneWithoutFloor         // Prune deletes without raising the floor first
 	flawNoWriterRegistration      // an RWMutex's waiting writer does not register, so readers can starve it
 	flawSharedOverLimit           // a shared acquire allows one hold more than the limit
 	flawReapLive                  // a waiter clears shared holds and registrations without waiting out their TTL

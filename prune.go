@@ -84,10 +84,8 @@ func (c *Client) prune(ctx context.Context, idle time.Duration) (int, error) {
 		}
 		// The floor first: a document is deleted only once the floor is
 		// at least its token (docs/design.md has why the order matters).
-		if c.cfg.flaw != flawPruneWithoutFloor {
-			if err := c.store.raiseFloor(ctx, top); err != nil {
-				return deleted, err
-			}
+		if err := c.store.raiseFloor(ctx, top); err != nil {
+			return deleted, err
 		}
 		n, err := c.store.remove(ctx, recs)
 		deleted += n
