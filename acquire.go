@@ -445,7 +445,7 @@ func (x *sharedWait) giveUp(err error) error {
 func (x *sharedWait) take(r record, sent time.Time) (*Lease, error) {
 	c := x.c
 	x.a.raw = r.Raw
-	base, err := c.base(x.ctx, r)
+	t, err := c.token(x.ctx, r, r.Shared[x.a.holdKey()].Token)
 	if err != nil {
 		return nil, err
 	}
@@ -453,7 +453,7 @@ func (x *sharedWait) take(r record, sent time.Time) (*Lease, error) {
 	if c.cfg.flaw == flawDeadlineFromReply {
 		sent = c.clock.Now()
 	}
-	l, err := c.grant(x.cl, x.a, r.Shared[x.a.holdKey()].Token+base, roleShared, sent)
+	l, err := c.grant(x.cl, x.a, t, roleShared, sent)
 	if err == nil {
 		l.settle(x.ctx) // others join a raw record only once it is empty (record.sharable)
 	}
@@ -555,16 +555,25 @@ func (r record) sharable(a attempt) bool {
 	return r.Owner == "" && len(r.Shared) < a.limit && len(r.Waiters) == 0 && !(r.Raw && len(r.Shared) > 0)
 }
 
-// base is what the tokens of r, a reply to an acquire, count from: 0
-// unless r is raw. A raw record was created, or last cleared, without a
-// base: then its tokens count from the floor, read now, after the reply,
-// so after the record was created; the hold writes that base with its
-// first write (leaseRef.raw). docs/design.md, rule 5, has the argument.
-func (c *Client) base(ctx context.Context, r record) (Token, error) {
+// token returns the token of the hold whose counter r, the reply to its
+// acquire, shows as t. A raw record's counter counts from 0, not from the
+// floor: the token is then the floor, read now, after the reply, so after
+// the record was created, plus that count; and a record this very acquire
+// created (its first revision) counts 1, whatever counter the acquire set
+// (a shared acquire sets its Client's guess plus one, which may have been
+// a deleted record's: counted, it would add the old counter to every new
+// life of the key). The hold writes its token into the record, as its
+// base, with its first write (leaseRef.raw). docs/design.md has the
+// argument.
+func (c *Client) token(ctx context.Context, r record, t Token) (Token, error) {
 	if !r.Raw {
-		return 0, nil
+		return t, nil
 	}
-	return c.store.floor(ctx)
+	f, err := c.store.floor(ctx)
+	if r.Rev == 1 {
+		t = 1
+	}
+	return f + t, err
 }
 
 // An entryWatch is a waiter's view of the entries (shared holds and

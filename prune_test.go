@@ -363,3 +363,32 @@ func TestFloorMovedFromNumericID(t *testing.T) {
 		})
 	}
 }
+
+// A Semaphore's key pruned and re-created again and again: each new life
+// counts from the floor, not from the counter the Semaphore last saw (its
+// shared acquire sets that, plus one, in the record it creates), so the
+// tokens grow by one a life, not by the old counter each time.
+func TestSharedRecreationTokens(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		a, _ := memClient(t, st)
+		b, _ := memClient(t, st)
+		ctx := context.Background()
+		sa, sb := a.NewSemaphore("s", 2), b.NewSemaphore("s", 2)
+		var last Token
+		for i := range 40 {
+			la, err := sa.Acquire(ctx)
+			require.NoError(t, err)
+			lb, err := sb.Acquire(ctx)
+			require.NoError(t, err)
+			require.Greater(t, lb.Token(), la.Token())
+			require.Greater(t, la.Token(), last)
+			last = lb.Token()
+			require.NoError(t, la.Release(ctx))
+			require.NoError(t, lb.Release(ctx))
+			_, err = a.Prune(ctx, 0)
+			require.NoError(t, err)
+			require.LessOrEqual(t, last, Token(3*(i+1)), "life %d: the tokens grow by more than the holds", i)
+		}
+	})
+}

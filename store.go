@@ -242,8 +242,8 @@ type leaseRef struct {
 	// base yet, so the record's counter may still be below token. Every
 	// write of the hold then names it by its hold (owner and hold id, or
 	// its shared hold's key), whose name never repeats, instead of by its
-	// token, and writes the base: the counter (and a shared hold's t)
-	// raised to token, raw unset. The write is the same whether the base
+	// token, and writes the base: the counter raised to token, a shared
+	// hold's t set to it, raw unset. The write is the same whether the base
 	// was written already or not (docs/design.md, rule 5).
 	raw bool
 }
@@ -257,7 +257,7 @@ func (r *record) settle(ref leaseRef) {
 	r.Token, r.Raw = max(r.Token, ref.token), false
 	if hk := holdKey(ref.owner, ref.hold); ref.role == roleShared {
 		e := r.Shared[hk]
-		e.Token = max(e.Token, ref.token)
+		e.Token = ref.token
 		r.Shared[hk] = e
 	}
 }

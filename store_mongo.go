@@ -288,31 +288,39 @@ func held(ref leaseRef) bson.D {
 }
 
 // based is update with ref's base added when ref is raw (record.settle):
-// the counter, and a shared hold's t unless update removes the hold,
-// raised to ref.token with $max, which writes the same whether the base
-// was written before or not, and raw unset.
+// the counter raised to ref.token with $max, a shared hold's t set to it
+// (unless update removes the hold), and raw unset; the same write whether
+// the base was written before or not.
 func based(update bson.D, ref leaseRef) bson.D {
 	if !ref.raw {
 		return update
 	}
-	maxes := bson.D{{Key: fToken, Value: int64(ref.token)}}
 	entry := path(fH, holdKey(ref.owner, ref.hold))
-	out := make(bson.D, 0, len(update)+2)
-	unset, ends := false, false
+	ends := false
 	for _, op := range update {
-		if op.Key == "$unset" { // a copy: update may be shared (free)
+		if op.Key == "$unset" {
 			ends = slices.ContainsFunc(op.Value.(bson.D), func(e bson.E) bool { return e.Key == entry })
-			op.Value, unset = append(slices.Clone(op.Value.(bson.D)), bson.E{Key: fRaw, Value: ""}), true
 		}
-		out = append(out, op)
 	}
+	update = withOp(update, "$unset", bson.E{Key: fRaw, Value: ""})
+	update = withOp(update, "$max", bson.E{Key: fToken, Value: int64(ref.token)})
 	if ref.role == roleShared && !ends {
-		maxes = append(maxes, bson.E{Key: path(entry, eToken), Value: int64(ref.token)})
+		update = withOp(update, "$set", bson.E{Key: path(entry, eToken), Value: int64(ref.token)})
 	}
-	if !unset {
-		out = append(out, bson.E{Key: "$unset", Value: bson.D{{Key: fRaw, Value: ""}}})
+	return update
+}
+
+// withOp returns a copy of update with e added to its operator op (update
+// may be shared: free, touch).
+func withOp(update bson.D, op string, e bson.E) bson.D {
+	out := slices.Clone(update)
+	for i := range out {
+		if out[i].Key == op {
+			out[i].Value = append(slices.Clone(out[i].Value.(bson.D)), e)
+			return out
+		}
 	}
-	return append(out, bson.E{Key: "$max", Value: maxes})
+	return append(out, bson.E{Key: op, Value: bson.D{e}})
 }
 
 // extension is the update that extends ref.

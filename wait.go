@@ -250,13 +250,19 @@ func (x *exclusiveWait) attemptOnce() (s step, read bool, err error) {
 	sent := c.clock.Now()
 	r, err := c.store.acquire(x.ctx, x.a, x.w.takeover(sent))
 	rtt := c.clock.Now().Sub(sent) // the acquire's round trip, without the floor read's
-	var base Token
-	if x.a.raw = err == nil && r.Raw; x.a.raw {
-		x.a.spare = false // the base sets the counter: no spare
-		base, err = c.base(x.ctx, r)
+	var t Token
+	if err == nil {
+		if x.a.raw = r.Raw; x.a.raw {
+			x.a.spare = false // counted from the floor: no spare
+		}
+		t = r.Token
+		if x.a.spare {
+			t--
+		}
+		t, err = c.token(x.ctx, r, t)
 	}
 	if err == nil {
-		l, gerr := x.take(r, base, sent, rtt)
+		l, gerr := x.take(r, t, sent, rtt)
 		if gerr == nil || errors.Is(gerr, ErrClosed) {
 			x.lease = l
 			return stepDone, false, gerr
@@ -285,19 +291,15 @@ func (x *exclusiveWait) attemptOnce() (s step, read bool, err error) {
 	return stepOn, read, err
 }
 
-// take makes the lease of the hold that the acquire sent at sent made in
-// r, its tokens counted from base, and tells the primitive's pacing.
-func (x *exclusiveWait) take(r record, base Token, sent time.Time, rtt time.Duration) (*Lease, error) {
+// take makes the lease of the hold with token t that the acquire sent at
+// sent made in r, and tells the primitive's pacing.
+func (x *exclusiveWait) take(r record, t Token, sent time.Time, rtt time.Duration) (*Lease, error) {
 	c, cl := x.c, x.cl
 	if c.cfg.flaw == flawDeadlineFromReply {
 		sent = c.clock.Now()
 	}
 	if x.q.reg != nil { // the acquire ended the registration
 		x.q.reg.end(ErrReleased, "")
-	}
-	t := r.Token + base
-	if x.a.spare {
-		t--
 	}
 	l, err := c.grant(cl, x.a, t, roleExclusive, sent)
 	if err != nil {
