@@ -39,10 +39,10 @@ import (
 // closing: the caller then releases it as usual.
 func (c *Client) keep(l *Lease, cl claim) bool {
 	handoff := l.count == l.token // no spare: only flawKeepAlways keeps it, for a handoff
-	if handoff && cl.cfg.flaw != flawKeepAlways || l.raw.Load() {
+	if handoff && cl.cfg.flaw != flawKeepAlways {
 		return false
 	}
-	a := attempt{key: l.key, owner: c.owner, hold: l.hold, ttl: l.ttl, kind: cl.spec.kind}
+	a := attempt{key: l.key, owner: c.owner, hold: l.hold, ttl: l.ttl, kind: cl.spec.kind, raw: l.raw.Load()}
 	h := c.newLease(nil, cl.cfg, a, l.count, roleExclusive, l.lastSent())
 	if h.Err() != nil || c.isClosing() {
 		return false

@@ -556,24 +556,22 @@ func duplicateKey(err error) bool {
 
 func (s *mongoStore) handoff(ctx context.Context, ref leaseRef, next attempt) (record, error) {
 	set := bson.D{{Key: fTTL, Value: ttlMillis(next.ttl)}, {Key: fHold, Value: next.hold}}
-	unset := bson.D{}
 	if next.data != nil {
 		set = append(set, bson.E{Key: fData, Value: next.data})
-	} else {
-		unset = append(unset, bson.E{Key: fData, Value: ""})
 	}
-	inc := bson.D{{Key: fToken, Value: int64(1)}, {Key: fRev, Value: int64(1)}}
-	update := bson.D{{Key: "$set", Value: set}, {Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}}}
+	update := bson.D{
+		{Key: "$set", Value: set},
+		{Key: "$inc", Value: bson.D{{Key: fToken, Value: int64(1)}, {Key: fRev, Value: int64(1)}}},
+		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
+	}
+	if next.data == nil {
+		update = withOp(update, "$unset", bson.E{Key: fData, Value: ""})
+	}
 	if ref.raw {
-		// The counter is at most ref.token while ref holds the key, raw or
-		// not: one above it is the next token either way.
-		inc = inc[1:]
-		unset = append(unset, bson.E{Key: fRaw, Value: ""})
-		update = append(update, bson.E{Key: "$max", Value: bson.D{{Key: fToken, Value: int64(ref.token) + 1}}})
-	}
-	update = append(update, bson.E{Key: "$inc", Value: inc})
-	if len(unset) > 0 {
-		update = append(update, bson.E{Key: "$unset", Value: unset})
+		// The counter is at most ref.token while ref holds the key, base
+		// written or not: one above it is the next token either way.
+		update[1].Value = bson.D{{Key: fRev, Value: int64(1)}}
+		update = withOp(withOp(update, "$unset", bson.E{Key: fRaw, Value: ""}), "$max", bson.E{Key: fToken, Value: int64(ref.token) + 1})
 	}
 	return s.modify(ctx, append(held(ref), queueGate(next)...), update, "hand off", ref.key)
 }
