@@ -125,26 +125,13 @@ func (c *Client) grant(cl claim, a attempt, t Token, ro role, sent time.Time) (*
 	return l, nil
 }
 
-// waitPoll waits for the next poll of a held key: the poller's next
-// interval, but at least least; limit when exact, or at most limit when
-// it is not 0; or less when the watch of the record (w) or of an entry
-// (ew) is due sooner; and never longer than maxSleep. It returns ctx's
+// waitPoll waits d, what the wait's pacing asked for, before the next
+// poll of a held key; or less when the watch of the record (w) or of an
+// entry (ew) is due sooner; and never longer than maxSleep. These caps,
+// not the pacing, keep the liveness bounds (pacer.go). It returns ctx's
 // error or ErrClosed when those come first.
-func (c *Client) waitPoll(ctx context.Context, cl claim, polls **poller, w *watch, ew *entryWatch, limit time.Duration, exact bool, least time.Duration) error {
+func (c *Client) waitPoll(ctx context.Context, cl claim, d time.Duration, w *watch, ew *entryWatch) error {
 	now := c.clock.Now()
-	if *polls == nil {
-		p := cl.pace.start(now, cl.cfg)
-		*polls = &p
-	}
-	backoff := (*polls).next()
-	d := max(backoff, least)
-	switch {
-	case exact:
-		d = limit
-	case limit > 0:
-		d = min(d, limit)
-	}
-	d = c.cfg.pacer.sleep(d, backoff)
 	// Wake when a watch comes due, not again and again once it is: an
 	// attempt that could not act on it (the server out of reach) waits for
 	// the poll, rather than spinning.
@@ -207,9 +194,9 @@ func kindError(key, want, got string) error {
 // the document (not with the flawed variants that keep waiters out).
 func (c *Client) queues(kind string) bool {
 	switch {
-	case c.cfg.flaw == flawUnfair:
+	case c.cfg.hooks.flawed(flawUnfair):
 		return kind == kindRW // as before fair queueing: only an RWMutex's writers registered
-	case c.cfg.flaw == flawNoWriterRegistration:
+	case c.cfg.hooks.flawed(flawNoWriterRegistration):
 		return kind != kindRW
 	}
 	return true
@@ -217,9 +204,8 @@ func (c *Client) queues(kind string) bool {
 
 // A queueing is one exclusive wait's place in its key's queue.
 type queueing struct {
-	reg   *Lease    // the registration, kept alive by the extender; nil when not registered
-	ahead []string  // hold keys of the waiters registered before it, as last seen
-	eta   time.Time // with two or more waiters ahead: when about one is left, estimated; zero for no estimate
+	reg   *Lease   // the registration, kept alive by the extender; nil when not registered
+	ahead []string // hold keys of the waiters registered before it, as last seen
 }
 
 // registered reports whether the wait is registered, as far as it knows.
@@ -325,12 +311,7 @@ func (c *Client) view(cl claim, a attempt, r record, ew *entryWatch, q *queueing
 			q.reg.end(ErrReleased, "") // cleared already: nothing to remove
 			*q = queueing{}
 		} else {
-			q.ahead, q.eta = r.ahead(e.Q), time.Time{}
-			if p := cl.pace.period(c.clock.Now(), cl.cfg.ttl); p > 0 && len(q.ahead) > 1 {
-				// Each waiter ahead holds the key about a period: read
-				// again when about one is left ahead.
-				q.eta = c.clock.Now().Add(time.Duration(len(q.ahead)-1)*p - p/2)
-			}
+			q.ahead = r.ahead(e.Q)
 			blocking.Waiters = make(map[string]entry, len(q.ahead))
 			for _, hk := range q.ahead {
 				blocking.Waiters[hk] = r.Waiters[hk]
@@ -374,14 +355,14 @@ func (c *Client) unregister(reg *Lease) {
 // document whose revision stood still for a TTL is cleared whole (every
 // hold in it has ended), both by writes conditional on what was read.
 func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease, int, error) {
-	x := &sharedWait{c: c, ctx: ctx, cl: cl, a: cl.spec}
+	x := &sharedWait{c: c, ctx: ctx, cl: cl, a: cl.spec, sched: cl.pace.shared(cl.cfg, c.pacer)}
 	x.a.owner, x.a.hold = c.owner, c.holdIDs.Add(1)
-	if c.cfg.flaw == flawSharedOverLimit {
+	if c.cfg.hooks.flawed(flawSharedOverLimit) {
 		x.a.limit++
 	}
 	var ready bool
 	x.a.token, ready = cl.seen.get()
-	x.ew.hasty = c.cfg.flaw == flawReapLive
+	x.ew.hasty = c.cfg.hooks.flawed(flawReapLive)
 	afterRead := false
 	for {
 		var err error
@@ -411,7 +392,7 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 		case try:
 			return nil, x.attempts, x.giveUp(errLockedElsewhere)
 		}
-		if err := c.waitPoll(ctx, cl, &x.polls, &x.w, &x.ew, 0, false, 0); err != nil {
+		if err := c.waitPoll(ctx, cl, x.sched.next(c.clock.Now(), false, false), &x.w, &x.ew); err != nil {
 			return nil, x.attempts, x.giveUp(err)
 		}
 	}
@@ -428,7 +409,7 @@ type sharedWait struct {
 
 	w         watch
 	ew        entryWatch
-	polls     *poller
+	sched     schedule // plain backoff: shared waits follow no pacing rule
 	attempts  int
 	unsure    bool      // an attempt may have applied without our seeing the reply
 	firstSent time.Time // when the first attempt whose outcome is unknown was sent
@@ -450,7 +431,7 @@ func (x *sharedWait) take(r record, sent time.Time) (*Lease, error) {
 		return nil, err
 	}
 	x.cl.seen.set(r.Token)
-	if c.cfg.flaw == flawDeadlineFromReply {
+	if c.cfg.hooks.flawed(flawDeadlineFromReply) {
 		sent = c.clock.Now()
 	}
 	l, err := c.grant(x.cl, x.a, t, roleShared, sent)
@@ -471,9 +452,7 @@ func (x *sharedWait) attemptOnce(afterRead bool) (done, read bool, err error) {
 	r, err := c.store.acquire(x.ctx, x.a, stamp{})
 	if err == nil {
 		if x.lease, err = x.take(r, sent); err == nil {
-			if x.polls != nil {
-				x.cl.pace.ended(x.polls.last, c.clock.Now())
-			}
+			x.sched.ended(c.clock.Now())
 			return true, false, nil
 		}
 		if errors.Is(err, ErrClosed) {
@@ -676,7 +655,7 @@ func (c *Client) watchHolder(ctx context.Context, r record, w *watch) {
 		return
 	}
 	elapsed := time.Duration(-1)
-	if c.cfg.flaw == flawWallClockExpiry {
+	if c.cfg.hooks.flawed(flawWallClockExpiry) {
 		elapsed = c.clock.Now().Sub(r.At) // our wall clock against the server's: unsound
 	}
 	if r.Rev != w.rev && c.serverClock.reported() {

@@ -46,19 +46,19 @@ func (p *poller) lastOrZero() time.Duration {
 	return p.last
 }
 
-// A pace is what a Mutex remembers of its last wait for its key: the
+// A lastWait is what a primitive remembers of its last wait for its key: the
 // interval its polls had reached, and when it ended. A wait that starts
 // within a TTL of the last one resumes at that interval instead of the
 // minimum: under steady contention each waiter polls about as often as the
 // key changes hands, rather than relearning it with a burst of fast polls
 // on every Lock.
-type pace struct {
+type lastWait struct {
 	interval time.Duration
 	at       time.Time
 }
 
 // start returns the poller for a wait that begins at now.
-func (p pace) start(now time.Time, cfg *config) poller {
+func (p lastWait) start(now time.Time, cfg *config) poller {
 	interval := cfg.minBackoff
 	if !p.at.IsZero() && now.Sub(p.at) < cfg.ttl {
 		interval = min(max(p.interval, interval), cfg.maxBackoff)

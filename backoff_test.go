@@ -159,14 +159,14 @@ func TestPaceStart(t *testing.T) {
 	now := time.Unix(1e9, 0)
 	for _, tc := range []struct {
 		name string
-		pace pace
+		pace lastWait
 		want time.Duration
 	}{
-		{"no wait before", pace{}, cfg.minBackoff},
-		{"soon after", pace{interval: 160 * time.Millisecond, at: now.Add(-time.Second)}, 160 * time.Millisecond},
-		{"a TTL after", pace{interval: 160 * time.Millisecond, at: now.Add(-cfg.ttl)}, cfg.minBackoff},
-		{"below the minimum", pace{interval: time.Millisecond, at: now}, cfg.minBackoff},
-		{"above the maximum", pace{interval: time.Hour, at: now}, cfg.maxBackoff},
+		{"no wait before", lastWait{}, cfg.minBackoff},
+		{"soon after", lastWait{interval: 160 * time.Millisecond, at: now.Add(-time.Second)}, 160 * time.Millisecond},
+		{"a TTL after", lastWait{interval: 160 * time.Millisecond, at: now.Add(-cfg.ttl)}, cfg.minBackoff},
+		{"below the minimum", lastWait{interval: time.Millisecond, at: now}, cfg.minBackoff},
+		{"above the maximum", lastWait{interval: time.Hour, at: now}, cfg.maxBackoff},
 	} {
 		p := tc.pace.start(now, &cfg)
 		p.next()
@@ -175,12 +175,12 @@ func TestPaceStart(t *testing.T) {
 
 	// Carried from one wait to the next as mutex.go does it: the next wait
 	// goes on doubling from where the last one stopped.
-	p := pace{}.start(now, &cfg)
+	p := lastWait{}.start(now, &cfg)
 	for range 5 {
 		p.next()
 	}
 	require.Equal(t, 160*time.Millisecond, p.last)
-	q := pace{interval: p.last, at: now}.start(now.Add(time.Second), &cfg)
+	q := lastWait{interval: p.last, at: now}.start(now.Add(time.Second), &cfg)
 	q.next()
 	assert.Equal(t, 160*time.Millisecond, q.last, "first interval of the next wait")
 	q.next()

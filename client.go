@@ -29,7 +29,8 @@ type Client struct {
 	store   store
 	cfg     config
 	owner   string
-	clock   clock
+	clock   clock // the system clock, but for tests' hooks
+	pacer   pacer // rulesPacer, but for tests' hooks
 	tel     *telemetry
 	ext     *extender
 	holdIDs atomic.Int64 // the last hold id handed out (see attempt)
@@ -129,14 +130,22 @@ func newClientOn(newStore func(*telemetry) store, opts ...Option) (*Client, erro
 		return nil, fmt.Errorf("dlock: telemetry: %w", err)
 	}
 	c := &Client{
-		cfg: cfg, owner: cfg.owner, clock: cfg.clock, tel: tel,
+		cfg: cfg, owner: cfg.owner, clock: clock(systemClock{}), pacer: pacer(rulesPacer{}), tel: tel,
 		slots: map[string]*slot{}, leftovers: map[string]*leftover{}, readers: map[string]*readers{}, closing: make(chan struct{}),
 		observations: map[string]*observation{},
 	}
 	c.tidyCtx, c.tidyCancel = context.WithCancel(context.Background())
 	c.store = newStore(tel)
-	if cfg.wrapStore != nil {
-		c.store = cfg.wrapStore(c.store)
+	if h := cfg.hooks; h != nil {
+		if h.clock != nil {
+			c.clock = h.clock
+		}
+		if h.pacer != nil {
+			c.pacer = h.pacer
+		}
+		if h.wrap != nil {
+			c.store = h.wrap(c.store)
+		}
 	}
 	if !cfg.serverClock {
 		c.serverClock.markUnsupported()
@@ -441,29 +450,29 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 		c.leave(l.key)
 		return err
 	}
-	if c.cfg.flaw != flawExtendReleasing && !l.end(ErrReleased, "") { // lost or closed a moment ago
+	if !c.cfg.hooks.flawed(flawExtendReleasing) && !l.end(ErrReleased, "") { // lost or closed a moment ago
 		c.leave(l.key)
 		if err := l.ended(); !errors.Is(err, ErrReleased) {
 			return err
 		}
 		return ErrClosed // only Close ends a lease as released before its Release does
 	}
-	if c.cfg.flaw == flawExtendReleasing { // the old order: ended once the write is answered
+	if c.cfg.hooks.flawed(flawExtendReleasing) { // the old order: ended once the write is answered
 		defer l.end(ErrReleased, "")
 	}
 	if w := c.next(l.key); w != nil {
 		return c.handOver(ctx, l, w)
 	}
-	if rq, ok := l.lk.(requeuer); ok && c.cfg.flaw != flawUnfair {
+	if rq, ok := l.lk.(requeuer); ok && !c.cfg.hooks.flawed(flawUnfair) {
 		cl := rq.requeueClaim()
 		defer func() { cl.pace.unlockedAt(c.clock.Now()) }()
 		if cl.pace.unlocking(c.clock.Now(), cl.cfg) && !c.isClosing() { // nothing is left for a Lock once Close begins
-			if cl.pace.keeping(cl.cfg) && c.keep(l, cl) {
+			if c.pacer.uses(ruleKeep) && cl.pace.keeping(cl.cfg) && c.keep(l, cl) {
 				c.leave(l.key)
 				return nil
 			}
 			cl.pace.freeing(c.clock.Now(), l.count)
-			if c.cfg.pacer.uses(ruleRequeue) {
+			if c.pacer.uses(ruleRequeue) {
 				if done, err := c.requeue(ctx, l, cl); done {
 					c.leave(l.key)
 					return err
@@ -500,7 +509,7 @@ func (c *Client) handOver(ctx context.Context, l *Lease, w *waiter) error {
 	}
 	a := w.cl.spec
 	a.owner, a.hold = c.owner, c.holdIDs.Add(1)
-	a.barge = c.cfg.flaw == flawUnfair || c.cfg.flaw == flawQueueJump
+	a.barge = c.cfg.hooks.flawed(flawUnfair) || c.cfg.hooks.flawed(flawQueueJump)
 	sent := c.clock.Now()
 	r, err := c.store.handoff(ctx, l.ref(), a)
 	if errors.Is(err, errNotOwner) && !a.barge {

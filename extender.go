@@ -159,7 +159,7 @@ func (e *extender) scan(now time.Time, want bool) (expired, batch []*Lease, wake
 			continue
 		}
 		soon(deadline)
-		if !want || capped || returned && e.c.cfg.flaw != flawExtendReleasing { // a lease being released is not extended
+		if !want || capped || returned && !e.c.cfg.hooks.flawed(flawExtendReleasing) { // a lease being released is not extended
 			continue
 		}
 		ready := !now.Before(next)
@@ -209,7 +209,7 @@ func (e *extender) apply(r extendResult) {
 		case l.ended() != nil || l.returning():
 		case r.err != nil:
 			l.failed(now, r.err)
-		case r.ok[i] && e.c.cfg.flaw == flawDeadlineFromReply:
+		case r.ok[i] && e.c.cfg.hooks.flawed(flawDeadlineFromReply):
 			l.extended(now)
 		case r.ok[i]:
 			l.extended(r.sent)

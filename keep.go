@@ -39,7 +39,7 @@ import (
 // closing: the caller then releases it as usual.
 func (c *Client) keep(l *Lease, cl claim) bool {
 	handoff := l.count == l.token // no spare: only flawKeepAlways keeps it, for a handoff
-	if handoff && cl.cfg.flaw != flawKeepAlways {
+	if handoff && !cl.cfg.hooks.flawed(flawKeepAlways) {
 		return false
 	}
 	a := attempt{key: l.key, owner: c.owner, hold: l.hold, ttl: l.ttl, kind: cl.spec.kind, raw: l.raw.Load()}

@@ -82,7 +82,7 @@ func (c *Client) newLease(lk locker, cfg *config, a attempt, t Token, ro role, s
 		l.count++
 	}
 	l.raw.Store(a.raw && ro != roleWaiter)
-	l.schedule(sent, sent.Add(l.every))
+	l.setNextExtension(sent, sent.Add(l.every))
 	return l
 }
 
@@ -93,14 +93,14 @@ func lastGuard(ttl time.Duration) time.Duration {
 	return time.Duration(float64(ttl) * lostGuard)
 }
 
-// schedule sets when the next extension is due, at, after an extension
+// setNextExtension sets when the next extension is due, at, after an extension
 // sent, or a failure seen, at from. With a maximum hold no extension is
 // sent after l.stop, so that no write of the hold comes later than a TTL
 // before its cap: the extension that would be due after l.lastDue is due
 // at l.lastDue instead, as the last, and after the last none is (a failed
 // last extension is not retried). Called with l.mu held, or before l is
 // shared.
-func (l *Lease) schedule(from, at time.Time) {
+func (l *Lease) setNextExtension(from, at time.Time) {
 	switch {
 	case l.last:
 		l.capped = true
@@ -324,7 +324,7 @@ func (l *Lease) extended(sent time.Time) {
 	if d.After(l.deadline) {
 		l.deadline = d
 	}
-	l.schedule(sent, sent.Add(l.every))
+	l.setNextExtension(sent, sent.Add(l.every))
 	l.lastErr = nil
 }
 
@@ -333,5 +333,5 @@ func (l *Lease) failed(now time.Time, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.lastErr = err
-	l.schedule(now, now.Add(l.every/4))
+	l.setNextExtension(now, now.Add(l.every/4))
 }

@@ -61,19 +61,16 @@ type config struct {
 	serverClock    bool          // WithServerClockTakeover
 	pruneIdle      time.Duration // WithPruneIdle; 0: off
 	owner          string
-	clock          clock
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
-	wrapStore      func(store) store // tests: inject faults
-	flaw           flaw              // tests: a deliberately broken variant (sim_test.go)
-	pacer          pacer             // how waits are paced: rulesPacer, or another in tests (withPacer)
+	hooks          *hooks // the package's tests only (hooks.go); nil otherwise
 
 	forLock bool // applying options for one lock (Mutex, RWMutex, Semaphore, Election)
 	err     error
 }
 
 func defaultConfig() config {
-	return config{ttl: DefaultTTL, minBackoff: DefaultMinBackoff, maxBackoff: DefaultMaxBackoff, observe: DefaultObserveInterval, clock: systemClock{}, pacer: rulesPacer{}}
+	return config{ttl: DefaultTTL, minBackoff: DefaultMinBackoff, maxBackoff: DefaultMaxBackoff, observe: DefaultObserveInterval}
 }
 
 // applyAll applies opts in order; a nil one is an invalid option.
@@ -323,44 +320,6 @@ func WithPruneIdle(d time.Duration) Option {
 			c.pruneIdle = d
 		}
 	})
-}
-
-// withClock sets the clock the lease logic reads; tests use it to skew and
-// drift clients' clocks. Client only.
-func withClock(k clock) Option {
-	return clientOnly("withClock", func(c *config) { c.clock = k })
-}
-
-// A flaw breaks the Client on purpose, so that the simulation tests can
-// show they catch it. Only tests set one (withFlaw).
-type flaw int
-
-const (
-	noFlaw                   flaw = iota
-	flawWallClockExpiry           // a waiter takes over when its wall clock passes the holder's stamp plus the TTL
-	flawDeadlineFromReply         // the lease deadline counted from the reply, not the send
-	flawExtendReleasing           // the extender extends a lease being released (and Release ends it only once answered)
-	flawNoWriterRegistration      // an RWMutex's waiting writer does not register, so readers can starve it
-	flawSharedOverLimit           // a shared acquire allows one hold more than the limit
-	flawReapLive                  // a waiter clears shared holds and registrations without waiting out their TTL
-	flawUnfair                    // exclusive waiters do not queue in the document: every poll races (dlock before fair queueing)
-	flawQueueJump                 // exclusive waiters register in the queue, but every attempt ignores it
-	flawKeepAlways                // an Unlock under contention keeps its hold even when its Lock took a kept one (then with no spare token, so the next Lock takes it by a handoff write past the queue): a Client takes every turn in a row
-)
-
-// withPacer paces the Client's waits with p instead of rulesPacer.
-func withPacer(p pacer) Option {
-	return clientOnly("withPacer", func(c *config) { c.pacer = p })
-}
-
-// withFlaw makes the Client's logic deliberately unsound; tests only.
-func withFlaw(f flaw) Option {
-	return clientOnly("withFlaw", func(c *config) { c.flaw = f })
-}
-
-// withStoreWrapper wraps the Client's store; tests use it to inject faults.
-func withStoreWrapper(wrap func(store) store) Option {
-	return clientOnly("withStoreWrapper", func(c *config) { c.wrapStore = wrap })
 }
 
 func (c *config) validate() error {

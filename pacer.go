@@ -41,24 +41,23 @@ func (rulesPacer) sleep(proposed, _ time.Duration) time.Duration { return propos
 func (rulesPacer) uses(rule) bool { return true }
 
 // A pacing is what rulesPacer's rules remember of one primitive's waits
-// and holds: its last wait (see pace), its key's queue and token counters
+// and holds: its last wait (lastWait), its key's queue and token counters
 // as last seen, how long turns and holds last. Every field, and every
 // method that reads or writes one, is in this file.
 type pacing struct {
-	mu        sync.Mutex
-	last      pace          // guarded by mu
-	queue     int64         // guarded by mu
-	sample    sample        // guarded by mu: the token counter last seen
-	every     time.Duration // guarded by mu: how often the key changes hands, estimated
-	turn      time.Duration // guarded by mu: a requeued wait's turn, per waiter ahead, as learnt (planTurn)
-	busy      time.Duration // guarded by mu: how long its holds last, from acquire to release: the least lately (planTurn)
-	rtt       time.Duration // guarded by mu: the round trip of its acquires that took the key, the least seen lately (keep.go)
-	held      time.Time     // guarded by mu: when its last Lock took the key
-	hold      time.Duration // guarded by mu: how long its last hold lasted, from the Lock's return to the Unlock (keep.go)
-	batch     time.Time     // guarded by mu: when the acquire was sent that began its last run of holds (keep.go)
-	kept      bool          // guarded by mu: its last Lock took a hold its Unlock kept (keep.go)
-	late      int           // guarded by mu: requeued waits in a row whose first attempt failed (planTurn)
-	unplanned bool          // guarded by mu: its first requeued wait, with others ahead, went unplanned (planTurn)
+	mu      sync.Mutex
+	last    lastWait      // guarded by mu
+	queue   int64         // guarded by mu
+	counter sighting      // guarded by mu: the token counter as last seen to change, and when (sent: when the reply came)
+	every   time.Duration // guarded by mu: how often the key changes hands, estimated
+	turn    time.Duration // guarded by mu: a requeued wait's turn, per waiter ahead, as learnt (planTurn)
+	busy    time.Duration // guarded by mu: how long its last requeued hold lasted, from acquire to release (planTurn)
+	rtt     time.Duration // guarded by mu: the round trip of its acquires that took the key, the least seen lately (keep.go)
+	held    time.Time     // guarded by mu: when its last Lock took the key
+	hold    time.Duration // guarded by mu: how long its last hold lasted, from the Lock's return to the Unlock (keep.go)
+	batch   time.Time     // guarded by mu: when the acquire was sent that began its last run of holds (keep.go)
+	kept    bool          // guarded by mu: its last Lock took a hold its Unlock kept (keep.go)
+	late    int           // guarded by mu: requeued waits in a row whose first attempt failed (planTurn)
 
 	freed    sighting  // guarded by mu: when the last Unlock sent the write that freed the key, and the counter as it left it; zero if it kept the hold (planHead)
 	unlocked time.Time // guarded by mu: when the last Unlock returned (requeue.go)
@@ -72,16 +71,16 @@ type pacing struct {
 func (p *pacing) sawToken(t Token, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.sample.at.IsZero() && t > p.sample.token && now.After(p.sample.at) {
-		d := now.Sub(p.sample.at) / time.Duration(t-p.sample.token)
+	if !p.counter.sent.IsZero() && t > p.counter.token && now.After(p.counter.sent) {
+		d := now.Sub(p.counter.sent) / time.Duration(t-p.counter.token)
 		if p.every == 0 {
 			p.every = d
 		} else {
 			p.every = (3*p.every + d) / 4
 		}
 	}
-	if t != p.sample.token || p.sample.at.IsZero() {
-		p.sample = sample{now, t}
+	if t != p.counter.token || p.counter.sent.IsZero() {
+		p.counter = sighting{sent: now, token: t}
 	}
 }
 
@@ -90,16 +89,10 @@ func (p *pacing) sawToken(t Token, now time.Time) {
 func (p *pacing) period(now time.Time, ttl time.Duration) time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.sample.at.IsZero() || now.Sub(p.sample.at) > ttl {
+	if p.counter.sent.IsZero() || now.Sub(p.counter.sent) > ttl {
 		return 0
 	}
 	return p.every
-}
-
-// A sample is a key's token counter as seen at a time on the Client's clock.
-type sample struct {
-	at    time.Time
-	token Token
 }
 
 // contended reports whether the primitive's last wait ended less than a
@@ -149,8 +142,167 @@ func (p *pacing) start(now time.Time, cfg *config) poller {
 
 func (p *pacing) ended(interval time.Duration, now time.Time) {
 	p.mu.Lock()
-	p.last = pace{interval: interval, at: now}
+	p.last = lastWait{interval: interval, at: now}
 	p.mu.Unlock()
+}
+
+// A schedule paces one wait: it decides when the wait sends its next
+// command and, for an exclusive wait, whether that is an acquire attempt
+// or a read. The wait tells it what it saw (registered, requeued, saw,
+// planned, missed, failed, took); it reads none of the pacing's state.
+// The wait reads besides, whatever the pacing says, when a watch comes
+// due and to name holders in its trace: liveness and tracing are not the
+// pacer's (waitPoll). A schedule is used by the waiting goroutine only.
+type schedule struct {
+	p     *pacing // the primitive's memory
+	cfg   *config // the primitive's
+	rules pacer
+	polls *poller   // the backoff, from the first pause on
+	plan  turnPlan  // a requeued wait's schedule, or that of a head that saw its hold begin
+	last  sighting  // the key's token counter as this wait (or the Unlock before it) last saw it
+	an    anchor    // the wait's registration, on the server's clock and this Client's (heldSince)
+	eta   time.Time // behind two or more waiters: when about one is left, estimated; zero for no estimate
+}
+
+// exclusive returns the pacing of an exclusive wait of the primitive,
+// paced by rules.
+func (p *pacing) exclusive(cfg *config, rules pacer) schedule {
+	return schedule{p: p, cfg: cfg, rules: rules, last: p.takeFreed()}
+}
+
+// shared returns the pacing of a shared wait: plain backoff, resumed
+// where the primitive's last wait left it (lastWait).
+func (p *pacing) shared(cfg *config, rules pacer) schedule {
+	return schedule{p: p, cfg: cfg, rules: rules}
+}
+
+// contended reports whether the wait registers in the queue at once,
+// before any attempt: the primitive's last wait ended less than a TTL
+// before now, so an attempt would likely fail.
+func (s *schedule) contended(now time.Time) bool { return s.p.contended(now, s.cfg) }
+
+// spares reports whether the wait's attempts as a registered waiter
+// reserve a spare token for a keep (keep.go).
+func (s *schedule) spares() bool { return s.rules.uses(ruleKeep) && s.p.spare(s.cfg) }
+
+// attempts reports whether the wait's next command is an acquire attempt
+// rather than a read: at the head of the queue (or unregistered), or when
+// its plan's attempts are due.
+func (s *schedule) attempts(now time.Time, head bool) bool { return head || s.plan.due(now) }
+
+// registered notes the reply r to the wait's own write (its registration,
+// or the requeue that made it), sent at sent and answered at answered.
+func (s *schedule) registered(r record, sent, answered time.Time) {
+	s.an = anchorAt(r.At, sent, answered)
+}
+
+// requeued notes that the wait adopted the registration its primitive's
+// Unlock made, which joined the queue at joined with k waiters ahead,
+// after a hold that lasted busy: it plans its turn (planTurn).
+func (s *schedule) requeued(joined time.Time, k int, busy time.Duration) {
+	if s.rules.uses(ruleTurnPlan) {
+		s.plan = s.p.planTurn(joined, k, busy, s.cfg)
+	}
+}
+
+// saw notes r, the record a command sent at sent returned, read at now,
+// with the wait registered or not, ahead waiters before it: a head that
+// saw the hold it waits for begin plans its wait (planHead), unless the
+// wait has a plan already (a requeued wait's, even once it ran out, is
+// what teaches the next one: tookTurn); not for an RWMutex's writer (rw),
+// as a reader's hold moves the counter too, and the writer clears crashed
+// readers by reading, which a plan would put off.
+func (s *schedule) saw(r record, sent, now time.Time, registered bool, ahead int, rw bool) {
+	seen := sighting{sent: sent, token: r.Token, r: r}
+	if s.plan == (turnPlan{}) && registered && ahead == 0 && !r.free() && !rw && s.rules.uses(ruleHeadPlan) {
+		s.plan = s.p.planHead(s.last, seen, s.an, s.cfg)
+	}
+	s.last = seen
+	s.eta = time.Time{}
+	if period := s.p.period(now, s.cfg.ttl); period > 0 && ahead > 1 {
+		// Each waiter ahead holds the key about a period: read again
+		// when about one is left ahead.
+		s.eta = now.Add(time.Duration(ahead-1)*period - period/2)
+	}
+}
+
+// planned reports whether an attempt sent at sent was one of the plan's.
+func (s *schedule) planned(sent time.Time) bool { return s.plan.due(sent) }
+
+// missed notes that a planned attempt sent at sent found, at now, the key
+// not yet the wait's; it reports whether the plan ran out, when the wait
+// reads at once: it is late, and the key may be free and owed to it.
+func (s *schedule) missed(sent, now time.Time) bool {
+	s.plan.miss(sent, now)
+	return !s.plan.on
+}
+
+// failed notes an attempt that failed otherwise than on a held key: the
+// plan ends.
+func (s *schedule) failed() { s.plan.on = false }
+
+// took notes that the wait took the key at now, by an acquire sent at
+// sent whose round trip was rtt, and whose reply was r; kept: by a keep's
+// handoff write; registered: the wait had registered.
+func (s *schedule) took(r record, sent, now time.Time, rtt time.Duration, kept, registered bool) {
+	p := s.p
+	p.sawToken(r.Token, now)
+	p.sawQueue(r.Queue)
+	p.tookTurn(s.plan, now)
+	p.took(sent, now, rtt, kept)
+	if s.polls != nil || registered {
+		p.ended(s.polls.lastOrZero(), now)
+	}
+}
+
+// ended notes that a shared wait ended at now.
+func (s *schedule) ended(now time.Time) {
+	if s.polls != nil {
+		s.p.ended(s.polls.last, now)
+	}
+}
+
+// next returns how long the wait sleeps before its next round, at now,
+// registered or not, at the head or not: as its plan says; or, registered,
+// paced by how often the key changes hands (period); or on the backoff.
+func (s *schedule) next(now time.Time, registered, head bool) time.Duration {
+	cfg := s.cfg
+	if s.polls == nil {
+		p := s.p.start(now, cfg)
+		s.polls = &p
+	}
+	backoff := s.polls.next()
+	d := backoff
+	switch period := s.p.period(now, cfg.ttl); {
+	case s.plan.on:
+		d = max(s.plan.next.Sub(now), 0)
+		if s.plan.head { // a head's plan keeps within the backoff's bounds: see WithBackoff
+			d = min(d, cfg.maxBackoff)
+		}
+	case !registered || !s.rules.uses(rulePeriod):
+	case period > 0 && head:
+		// The key changes hands about every period: the head polls four
+		// times a period.
+		d = min(d, max(period/4, cfg.minBackoff/4))
+	case period > 0 && now.Before(s.eta):
+		// Until about one waiter is left ahead, but at most the maximum
+		// backoff: a period estimated early, from a counter seen moving
+		// a few times, can be far too long.
+		d = min(max(s.eta.Sub(now), cfg.minBackoff), cfg.maxBackoff)
+	case period > 0:
+		// Next after the head: read every half period to learn when it
+		// is the head.
+		d = min(d, max(period/2, cfg.minBackoff/4))
+	case !head:
+		// No period known (the counter seen once, or still for a TTL):
+		// behind a waiter that may be slow to come, read no more often
+		// than every half hold of this primitive's, and at least every
+		// maximum backoff: the record dates the hold (heldSince).
+		if own := s.p.ownHold(); own > 0 {
+			d = max(d, min(own/2, cfg.maxBackoff))
+		}
+	}
+	return s.rules.sleep(d, backoff)
 }
 
 // The keep's memory (keep.go).
@@ -203,17 +355,8 @@ func (p *pacing) batchSince(from time.Time) time.Time {
 func (p *pacing) keeping(cfg *config) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.held.IsZero() {
-		return false
-	}
-	switch {
-	case !cfg.pacer.uses(ruleKeep):
-		return false
-	case cfg.flaw == flawKeepAlways:
-	default:
-		if p.kept {
-			return false
-		}
+	if p.kept && !cfg.hooks.flawed(flawKeepAlways) {
+		return false // a kept hold is not kept again: the next turn is the queue's
 	}
 	return p.short(cfg)
 }
@@ -266,10 +409,10 @@ func (p *pacing) unlocking(now time.Time, cfg *config) bool {
 }
 
 // ownHold is how long the primitive's holds last, as far as it knows,
-// measured as busy is, from the acquire's send to the release's reply: the
-// least of its requeued holds lately, or its last hold (from its Lock's
-// return to its Unlock) and the two writes' round trips, whichever is
-// longer; 0 if unknown.
+// measured as busy is, from the acquire's send to the release's reply:
+// its last requeued hold, or its last hold (from its Lock's return to its
+// Unlock) and the two writes' round trips, whichever is longer; 0 if
+// unknown.
 func (p *pacing) ownHold() time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -308,59 +451,29 @@ func (p *pacing) unlockedAt(now time.Time) {
 	p.mu.Unlock()
 }
 
-// The turn plans. The schedule of a requeued wait: when a Lock that adopted
-// the registration its primitive's Unlock made (requeue.go) sends its
-// acquire attempts. docs/fairness.md has why.
+// The turn plans. A requeued wait (one that adopted the registration its
+// primitive's Unlock made, requeue.go) knows when it joined the queue and
+// how many waiters were ahead of it then (k). Under steady contention
+// each of them takes the key about one turn after the one before, so
+// rather than reading the document to learn when it reaches the head, it
+// sends its first acquire attempt k turns after it joined, then retries
+// a retry interval apart (turnRetry). The attempt's filter lets it take
+// the key only once every waiter ahead is gone (rule 6 in
+// docs/design.md), so an early attempt costs a failed command, never the
+// order; and no sleep is longer than maxSleep, so a turn learnt too long
+// costs latency, never the bounds of docs/fairness.md. A wait whose turn
+// has not come after turnRetries attempts reads at once and goes back to
+// the ordinary schedule, which watches the holder and the waiters ahead.
 //
-// A requeued waiter knows when it joined the queue (the reply to its
-// Unlock's write, which also freed the key for the head) and how many
-// waiters were ahead of it then (k). Under steady contention each of them
-// takes the key about one turn after the one before, so its own turn
-// comes about k turns after it joined. Rather than reading the document to
-// learn when it reaches the head (a command a read, and the key stays free
-// until the head's next poll), it sends its first acquire attempt when its
-// turn is due, then retries a short interval apart. The attempt's filter
-// lets it take the key only once every waiter ahead is gone (rule 6 in
-// docs/design.md), so an early attempt costs one failed command, never the order.
-// No sleep is longer than maxSleep, though: a wait woken before its turn
-// polls as an unplanned one does (turnPlan.due), so that a turn learnt
-// long, or a queue that moved on without it, costs commands, never the
-// liveness bounds of docs/fairness.md.
-//
-// The length of a turn is learnt per primitive, from its own waits (see
-// tookTurn). The first requeued wait with more than one waiter ahead is
-// not planned but measures the turn (planTurn has why); the first guess is
-// the shorter of that measure and the primitive's own hold. Then, when the
-// first attempt took the key, the next wait aims a quarter of a retry
-// interval earlier (or half the way down to the primitive's own hold, if
-// that is more); when it failed, half an interval later (doubled for each
-// such wait in a row). So, when turns are steady, about a third of the
-// first attempts are early (more when the pull towards the own hold
-// exceeds a quarter interval: docs/fairness.md; about one in nine with a single
-// waiter ahead, whose steps are smaller: tookTurn), and the key rarely
-// stays free and owed to a waiter for longer than a retry interval: a
-// sixteenth of a turn, but at least a sixteenth of the minimum backoff and
-// at most half the maximum (turnRetry). A wait whose turn has not come
-// after turnRetries attempts goes back to the ordinary schedule (reads,
-// and watches of the holder and of the waiters ahead), which clears
-// crashed holders and waiters; it reads at once, for it is late and the
-// key may be free and owed to it (TestTurnPlanRunsOut). (It slept half a
-// hand-over period first; measured, that left the key free for it while 8
-// Clients waited, in the first rounds of the benchmark.)
+// A turn is learnt per primitive from its own waits (tookTurn): first
+// guessed as its own hold, then moved earlier when a first attempt took
+// the key, later when it failed.
 //
 // A wait that was not requeued plans too, once it is at the head and has
 // seen the hold it waits for begin (planHead): a Client's first Locks
-// under contention, before its Unlocks requeue. Measured on the test
-// server, 2 Clients holding 300 ms, the head polled four times a
-// hand-over period through the other's hold there: three to five failed
-// attempts a wait, in the first rounds of each run.
-// The record a read returns usually tells exactly when the hold began
-// (heldSince), so a wait behind another waiter that is owed the key need
-// not read often to see it begin: it reads every half hold of its own
-// Mutex (at most the maximum backoff apart) while it knows no hand-over
-// period (wait.go, pause).
+// under contention, before its Unlocks requeue.
 
-// turnRetries is how many attempts a scheduled wait makes before it falls
+// turnRetries is how many attempts a planned wait makes before it falls
 // back to the ordinary schedule.
 const turnRetries = 8
 
@@ -381,7 +494,6 @@ type turnPlan struct {
 	next   time.Time     // when the next attempt is due
 	retry  time.Duration // between attempts after the first
 	failed int           // attempts that found the key not yet its turn
-	learn  bool          // no plan: the wait only measures the turn, for the next (see planTurn)
 	head   bool          // a plan of planHead's: retries double, and no sleep before next is longer than the maximum backoff
 }
 
@@ -396,41 +508,14 @@ func (tp *turnPlan) due(now time.Time) bool { return tp.on && (tp.head || !now.B
 
 // planTurn returns the schedule of a wait that joined the queue at
 // joined with k waiters ahead of it, after a hold of its primitive that
-// lasted busy from its acquire's send to its release's reply: no plan (the
-// zero turnPlan) when none is ahead, and, for the primitive's first
-// requeued wait with more than one ahead, no plan but a measure (learn).
+// lasted busy from its acquire's send to its release's reply; no plan
+// (the zero turnPlan) when none is ahead.
 func (p *pacing) planTurn(joined time.Time, k int, busy time.Duration, cfg *config) turnPlan {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	// The shortest hold seen lately, drifting up as it ages: an aim that
-	// is late costs every waiter behind it, an early one a retry. (An
-	// average, weighted 1/4, kept one Client whose first hold was slow
-	// aiming late for rounds: measured, 8 Clients holding 20 ms came
-	// within the wait bound in 3 of 12 runs; with the least, and the
-	// fallback's read at once, in 10 of 19.)
-	if p.busy == 0 || busy < p.busy {
-		p.busy = busy
-	} else {
-		p.busy += (busy - p.busy) / 8
-	}
+	p.busy = busy
 	if p.turn == 0 {
-		if k > 1 && !p.unplanned {
-			// Not for this wait. A primitive's first requeued wait comes
-			// when the Clients ahead may still be on their first Locks,
-			// whose holds are single (a first Lock reserves no spare:
-			// keep.go), so k of its own kept holds overestimate the wait,
-			// and a late aim leaves the key free, owed to this waiter,
-			// while every waiter behind it waits too. This wait runs on
-			// the ordinary schedule, which reads the document to learn
-			// when it is at the head, and measures the turn for the next
-			// (tookTurn). (Measured on the test server, 8 Clients
-			// holding 20 ms: the first plan aimed 23 to 60 ms late in
-			// four of six traced runs, and the waits of the two rounds
-			// after it went over the wait bound.)
-			p.unplanned = true
-			return turnPlan{joined: joined, k: k, learn: true}
-		}
-		p.turn = p.busy // as first guess, the others hold the key as long as this primitive does
+		p.turn = busy // as first guess, the others hold the key as long as this primitive does
 	}
 	if k == 0 || p.turn <= 0 {
 		return turnPlan{}
@@ -438,12 +523,10 @@ func (p *pacing) planTurn(joined time.Time, k int, busy time.Duration, cfg *conf
 	return turnPlan{on: true, joined: joined, k: k, next: joined.Add(time.Duration(k) * p.turn), retry: turnRetry(p.turn, cfg)}
 }
 
-// turnRetry is the interval between a scheduled wait's attempts, for
-// turns of about u: a sixteenth of a turn, within the backoff's bounds.
-// A retry that comes late leaves the key free, owed to the waiter, until
-// it comes. (Measured on the test server, 8 Clients looping with 20 ms
-// holds, one run each: an eighth, 38.0 acquisitions a second and 0.53
-// early attempts an acquisition; a sixteenth, 39.3 and 0.38.)
+// turnRetry is the interval between a planned wait's attempts, for turns
+// of about u: a sixteenth of a turn, within the backoff's bounds. A retry
+// that comes late leaves the key free, owed to the waiter, until it
+// comes; one that comes early costs a command.
 func turnRetry(u time.Duration, cfg *config) time.Duration {
 	return min(max(u/16, cfg.minBackoff/16), cfg.maxBackoff/2)
 }
@@ -451,9 +534,9 @@ func turnRetry(u time.Duration, cfg *config) time.Duration {
 // miss notes that an attempt sent at sent found the key not yet the
 // wait's, at now; after turnRetries of them the plan ends. The next
 // attempt waits the retry interval, and at least the round trip of this
-// one: waiters that all aimed early (when one ahead of them was late)
-// must not fill a server that runs one command at a time with misses, or
-// the holder's own commands queue behind them and every turn is late.
+// one: waiters that all aimed early must not fill a server that runs one
+// command at a time with misses, or the holder's own commands queue
+// behind them and every turn is late.
 func (tp *turnPlan) miss(sent, now time.Time) {
 	if tp.head && sent.Before(tp.next) {
 		return // sent early, at the maximum backoff: the plan stands
@@ -468,58 +551,22 @@ func (tp *turnPlan) miss(sent, now time.Time) {
 	}
 }
 
-// tookTurn learns from a planned wait (tp) that took the key at now: see
-// the file's comment. A first attempt that took the key moves the next
-// aim earlier: by a quarter of a retry interval, or half the way down to
-// this primitive's own hold time (busy) if that is more. One
-// that failed moves it later: by half a retry interval, doubled for each
-// wait in a row that failed, but never later than a retry interval before
-// this wait took the key (with one waiter ahead, than when it took it:
-// below).
+// tookTurn learns from a requeued wait's plan (tp) that took the key at
+// now. A first attempt that took the key moves the next aim earlier, by a
+// quarter of a retry interval or half the way down to the primitive's own
+// hold (busy), whichever is more: the pull towards the hold is what keeps
+// a queue of waiters that all aim late from settling in a slow rhythm, as
+// each one's wait would show the others' lateness. A first attempt that
+// failed moves the aim later, by half a retry interval, doubled for each
+// such wait in a row, but never past a retry interval before when this
+// wait took the key.
 //
-// With one waiter ahead (two Clients taking turns) a success moves the aim
-// earlier by a sixteenth of a retry interval, or half the way down to the
-// own hold plus a retry interval if that is more: so about one first
-// attempt in nine is early (the steps are 1/16 and 1/2 of an interval),
-// not one in three, and the aim is pulled no lower than a retry after the
-// own hold, not to it. The waiter's turn is the other Client's hold plus
-// the time it took that Client to come, so an aim at the own hold alone
-// was early whenever the other came late: measured on the test server, 2
-// Clients holding 300 ms, 3.00 to 3.16 commands an acquisition in six runs
-// (0.59 to 0.84 failed attempts, the start's polls included), against 2.84
-// to 3.10 (0.38 to 0.71) this way, interleaved. A late aim costs at most
-// about a retry interval, a sixteenth of the turn, and with one waiter
-// ahead it holds up no one else. With more ahead, a late aim holds up
-// every waiter behind, so the larger step and the pull to the hold stay.
-// For the same reason, with one waiter ahead a failed first attempt moves
-// the aim a whole step later, up to when the wait took the key: capped a
-// retry interval before that, as with more ahead, the aim moved a
-// millisecond or two (the retry took the key about one retry interval
-// after the failed attempt), stayed at the edge, and the next first
-// attempt failed again: measured, 2 Clients holding 300 ms, 9 or 10
-// failed attempts in the 24 turns after the eighth (four traced runs);
-// with the whole step, 0 to 8, 2 to 4 in most (fifteen traced runs).
-//
-// The pull towards busy is what keeps a queue of waiters from settling
-// in a slow rhythm: a waiter can take the key no sooner than the one
-// ahead of it has had its turn, so if every waiter aims late, each one's
-// wait shows the others' lateness, and learning from waits alone would
-// keep them all late. A turn is about a hold (busy runs from the
-// acquire's send to the release's reply, so it counts both writes of a
-// hand-over), so aiming at the holds, and retrying when that was too
-// early, converges to the fast rhythm when the holds are alike. (It aimed
-// at 1.25 holds at first, which, with busy counting the hand-over
-// already, let a turn of two kept holds settle up to a quarter late.)
-//
-// A wait that planTurn left unplanned, the primitive's first requeued
-// one, only measures: the first guess of a turn is then the time it took
-// per waiter ahead, or the primitive's own hold if that is shorter. Either
-// alone can come out long, and a guess that is long puts an aim late:
-// measured (8 Clients holding 20 ms), a hold slowed once to 58 or 63 ms,
-// taken alone as the guess, put the next aims 46 and 84 ms late, over
-// the wait bound for the rounds after; with the shorter of the two, 26
-// runs of 30 came within it (against a looser bound computed from a cold
-// server's floor; with the warm floor, 9 of 12).
+// With one waiter ahead (two Clients taking turns), the turn is the other
+// Client's hold plus the time it took to come, so the steps are smaller
+// when early (a sixteenth of a retry, or half the way to the own hold
+// plus a retry) and a failure moves the aim up to when the wait took the
+// key: a late aim there costs at most a retry interval and holds up no
+// one else.
 func (p *pacing) tookTurn(tp turnPlan, now time.Time) {
 	if tp.k == 0 {
 		return
@@ -527,12 +574,6 @@ func (p *pacing) tookTurn(tp turnPlan, now time.Time) {
 	k := time.Duration(tp.k)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if tp.learn {
-		if p.turn == 0 {
-			p.turn = min(p.busy, now.Sub(tp.joined)/k)
-		}
-		return
-	}
 	u := p.turn
 	step := tp.retry / 2 / k
 	if tp.on && tp.failed == 0 { // the first attempt took it: aim earlier

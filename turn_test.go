@@ -111,32 +111,8 @@ func TestTookTurn(t *testing.T) {
 	joined := time.Unix(1000, 0)
 	const k = 4
 	plan := func(p *pacing) turnPlan { return p.planTurn(joined, k, 10*time.Millisecond, &cfg) }
-	t.Run("first guess: the first wait's turn, or the hold if shorter", func(t *testing.T) {
-		// The first, with others than the next holder ahead, is left to
-		// the ordinary schedule (they may still be on single holds), and
-		// measures the turn.
-		for _, tc := range []struct {
-			name      string
-			took      time.Duration // per waiter ahead, the first wait's
-			wantGuess time.Duration
-		}{
-			{"turn shorter than the hold", 8 * time.Millisecond, 8 * time.Millisecond},
-			{"hold shorter than the turn", 12 * time.Millisecond, 10 * time.Millisecond},
-		} {
-			t.Run(tc.name, func(t *testing.T) {
-				var p pacing
-				first := plan(&p)
-				require.False(t, first.on, "the first requeued wait, with k ahead, planned")
-				p.tookTurn(first, joined.Add(k*tc.took))
-				tp := plan(&p)
-				require.True(t, tp.on)
-				assert.Equal(t, joined.Add(k*tc.wantGuess), tp.next)
-			})
-		}
-	})
-	t.Run("first guess is the hold, when the first wait measured nothing", func(t *testing.T) {
+	t.Run("first guess is the hold", func(t *testing.T) {
 		var p pacing
-		require.False(t, plan(&p).on) // and gave up, say: no tookTurn
 		tp := plan(&p)
 		require.True(t, tp.on)
 		assert.Equal(t, joined.Add(k*10*time.Millisecond), tp.next)
@@ -216,16 +192,13 @@ func TestTookTurn(t *testing.T) {
 		}
 		assert.Equal(t, took.Sub(joined), p.turn, "the aim reaches when it took the key")
 	})
-	t.Run("the holds: the shortest lately, drifting up", func(t *testing.T) {
-		// One slow hold (the first, measured, can take twice the others)
-		// must not keep the aim late for rounds: the next shorter hold
-		// replaces it, and a longer one moves it up by an eighth.
-		var p pacing
-		p.planTurn(joined, k, 50*time.Millisecond, &cfg)
+	t.Run("the hold it pulls towards is the last", func(t *testing.T) {
+		p := pacing{turn: 30 * time.Millisecond}
 		p.planTurn(joined, k, 20*time.Millisecond, &cfg)
-		assert.Equal(t, 20*time.Millisecond, p.busy)
-		p.planTurn(joined, k, 28*time.Millisecond, &cfg)
-		assert.Equal(t, 21*time.Millisecond, p.busy)
+		tp := p.planTurn(joined, k, 28*time.Millisecond, &cfg)
+		assert.Equal(t, 28*time.Millisecond, p.busy)
+		p.tookTurn(tp, tp.next)
+		assert.Equal(t, 29*time.Millisecond, p.turn, "half way down to the last hold")
 	})
 	t.Run("a head's plan: an attempt the maximum backoff brought forward is no miss; retries double", func(t *testing.T) {
 		var p pacing

@@ -64,7 +64,7 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 		switch {
 		case x.enqueue || x.pr != nil:
 			s, err = x.join()
-		case x.q.head() || x.tp.due(c.clock.Now()):
+		case x.sched.attempts(c.clock.Now(), x.q.head()):
 			s, read, err = x.attemptOnce()
 		default: // behind others in the queue: read to learn when at its head
 			read = true
@@ -115,10 +115,7 @@ type exclusiveWait struct {
 	w         watch
 	ew        entryWatch
 	q         queueing
-	polls     *poller
-	tp        turnPlan
-	last      sighting  // the key's token counter as this wait (or the Unlock before it) last saw it
-	an        anchor    // this wait's registration, on the server's clock and this Client's (heldSince)
+	sched     schedule  // when the next command goes, and which (pacer.go)
 	pr        *leftover // what the last Unlock left for this call, until the wait adopts it
 	attempts  int
 	unsure    bool   // an attempt may have applied without our seeing the reply
@@ -135,14 +132,14 @@ type exclusiveWait struct {
 }
 
 func (c *Client) newExclusiveWait(ctx context.Context, cl claim, try bool) *exclusiveWait {
-	x := &exclusiveWait{c: c, ctx: ctx, cl: cl, try: try, a: cl.spec, last: cl.pace.takeFreed()}
+	x := &exclusiveWait{c: c, ctx: ctx, cl: cl, try: try, a: cl.spec, sched: cl.pace.exclusive(cl.cfg, c.pacer)}
 	x.a.owner, x.a.hold = c.owner, c.holdIDs.Add(1)
-	x.a.barge = c.cfg.flaw == flawUnfair || c.cfg.flaw == flawQueueJump
+	x.a.barge = c.cfg.hooks.flawed(flawUnfair) || c.cfg.hooks.flawed(flawQueueJump)
 	x.tracing = trace.SpanFromContext(ctx).IsRecording()
-	x.ew.hasty = c.cfg.flaw == flawReapLive
+	x.ew.hasty = c.cfg.hooks.flawed(flawReapLive)
 	x.queues = !try && c.queues(x.a.kind)
 	_, spares := cl.lk.(requeuer) // its Unlock may keep a hold (keep.go): reserve a spare token
-	x.spares = spares && c.cfg.pacer.uses(ruleKeep) && c.cfg.flaw != flawUnfair && cl.pace.spare(cl.cfg)
+	x.spares = spares && !c.cfg.hooks.flawed(flawUnfair) && x.sched.spares()
 	x.pr = c.pickUp(x.a) // what the last Unlock left for this call: a kept hold, or a registration
 	return x
 }
@@ -175,23 +172,9 @@ func (x *exclusiveWait) resumeKept() (l *Lease, err error, done bool) {
 	if x.pr != nil {
 		x.a.hold = x.pr.a.hold
 	}
-	x.enqueue = x.queues && x.pr == nil && x.cl.pace.contended(c.clock.Now(), x.cl.cfg)
+	x.enqueue = x.queues && x.pr == nil && x.sched.contended(c.clock.Now())
 	x.joined = x.enqueue || x.pr != nil
 	return nil, nil, false
-}
-
-// sight notes r, the record a command sent at sent returned, and plans
-// the wait of a head that saw the hold it waits for begin (planHead),
-// unless the wait was requeued: its turn plan, even once it ran out, is
-// what teaches the next requeued wait (tookTurn). Not an RWMutex's
-// writer: a reader's hold moves the counter too, and the writer clears
-// crashed readers by reading, which a plan would put off.
-func (x *exclusiveWait) sight(r record, sent time.Time) {
-	seen := sighting{sent: sent, token: r.Token, r: r}
-	if x.tp == (turnPlan{}) && x.q.registered() && x.q.head() && !r.free() && x.a.kind != kindRW && x.c.cfg.pacer.uses(ruleHeadPlan) {
-		x.tp = x.cl.pace.planHead(x.last, seen, x.an, x.cl.cfg)
-	}
-	x.last = seen
 }
 
 // join registers the wait in the key's queue, or adopts the registration
@@ -218,7 +201,8 @@ func (x *exclusiveWait) join() (step, error) {
 		if answered.IsZero() {
 			answered = c.clock.Now()
 		}
-		sent, x.an = x.q.reg.acquired, anchorAt(r.At, x.q.reg.acquired, answered)
+		sent = x.q.reg.acquired
+		x.sched.registered(r, sent, answered)
 	}
 	if r.Rev == 0 { // no record: the key is free
 		x.afterRead = true
@@ -228,10 +212,10 @@ func (x *exclusiveWait) join() (step, error) {
 	if err := c.view(cl, x.a, r, &x.ew, &x.q); err != nil {
 		return stepOn, err
 	}
-	if !joined.IsZero() && x.q.registered() && c.cfg.pacer.uses(ruleTurnPlan) {
-		x.tp = cl.pace.planTurn(joined, len(x.q.ahead), busy, cl.cfg)
+	if !joined.IsZero() && x.q.registered() {
+		x.sched.requeued(joined, len(x.q.ahead), busy)
 	}
-	x.sight(r, sent)
+	x.saw(r, sent)
 	if x.q.head() && (r.free() || x.w.takeover(c.clock.Now()).rev != 0) {
 		x.afterRead = true
 		return stepAgain, nil
@@ -275,11 +259,11 @@ func (x *exclusiveWait) attemptOnce() (s step, read bool, err error) {
 	switch {
 	case err == nil:
 	case !errors.Is(err, errHeld):
-		x.unsure, x.tp.on = true, false
-	case x.tp.due(sent):
-		err = nil // not its turn yet: retry, reading only to trace, or when the plan ended (pacer.go)
-		x.tp.miss(sent, c.clock.Now())
-		read = !x.tp.on || x.tracing && x.events < maxHeldEvents && x.attempts&(x.attempts-1) == 0
+		x.unsure = true
+		x.sched.failed()
+	case x.sched.planned(sent):
+		err = nil // not its turn yet: retry, reading only to trace, or when the plan ran out
+		read = x.sched.missed(sent, c.clock.Now()) || x.tracing && x.events < maxHeldEvents && x.attempts&(x.attempts-1) == 0
 	case x.afterRead:
 		err = nil // wait for the poll: see Client.acquire
 	default:
@@ -295,7 +279,7 @@ func (x *exclusiveWait) attemptOnce() (s step, read bool, err error) {
 // sent made in r, and tells the primitive's pacing.
 func (x *exclusiveWait) take(r record, t Token, sent time.Time, rtt time.Duration) (*Lease, error) {
 	c, cl := x.c, x.cl
-	if c.cfg.flaw == flawDeadlineFromReply {
+	if c.cfg.hooks.flawed(flawDeadlineFromReply) {
 		sent = c.clock.Now()
 	}
 	if x.q.reg != nil { // the acquire ended the registration
@@ -305,15 +289,9 @@ func (x *exclusiveWait) take(r record, t Token, sent time.Time, rtt time.Duratio
 	if err != nil {
 		return nil, err
 	}
-	cl.pace.sawToken(r.Token, c.clock.Now())
-	cl.pace.sawQueue(r.Queue)
-	cl.pace.tookTurn(x.tp, c.clock.Now())
 	// A call that sent a keep's handoff may hold by it (the attempt renews
 	// the same hold id): its Unlock keeps nothing.
-	cl.pace.took(sent, c.clock.Now(), rtt, x.kept)
-	if x.polls != nil || x.q.reg != nil {
-		cl.pace.ended(x.polls.lastOrZero(), c.clock.Now())
-	}
+	x.sched.took(r, sent, c.clock.Now(), rtt, x.kept, x.q.reg != nil)
 	return l, nil
 }
 
@@ -348,8 +326,14 @@ func (x *exclusiveWait) read() (step, error) {
 		x.afterRead = true
 		return stepAgain, nil // freed meanwhile, a hold of ours no call uses, or due
 	}
-	x.sight(r, sent)
+	x.saw(r, sent)
 	return stepOn, nil
+}
+
+// saw tells the pacing what the record r, returned by a command sent at
+// sent, shows of the wait's place.
+func (x *exclusiveWait) saw(r record, sent time.Time) {
+	x.sched.saw(r, sent, x.c.clock.Now(), x.q.registered(), len(x.q.ahead), x.a.kind == kindRW)
 }
 
 // settle acts on the round's error: it ends the wait on one that waiting
@@ -375,51 +359,14 @@ func (x *exclusiveWait) settle(err error) (step, error) {
 	return stepOn, nil
 }
 
-// pause waits for the next round: as the turn plan says, or paced by how
-// often the key changes hands, or on the backoff (waitPoll).
+// pause waits for the next round, as long as the pacing says (waitPoll).
 func (x *exclusiveWait) pause() error {
-	c, cl := x.c, x.cl
 	due := &x.w // when the holder's revision may be taken over: the head's concern alone
-	limit, exact, least := time.Duration(0), false, time.Duration(0)
-	if x.tp.on {
-		limit, exact = max(x.tp.next.Sub(c.clock.Now()), 0), true
-		if x.tp.head { // a head's plan keeps within the backoff's bounds: see WithBackoff
-			limit = min(limit, cl.cfg.maxBackoff)
-		}
-	} else if period := cl.pace.period(c.clock.Now(), cl.cfg.ttl); period > 0 && x.q.registered() && c.cfg.pacer.uses(rulePeriod) {
-		// The key changes hands about every period: the head polls four
-		// times a period; a waiter behind others reads when about one is
-		// left ahead of it, and then (next after the head) every 3/4 of a
-		// period, to learn when it is the head (each wait at least the
-		// minimum backoff): measured with BenchmarkFairness, waiting
-		// longer leaves the key free longer, and polling more costs
-		// commands.
-		switch now := c.clock.Now(); {
-		case x.q.head():
-			limit = max(period/4, cl.cfg.minBackoff/4)
-		case now.Before(x.q.eta):
-			// Until the estimate, but at most the maximum backoff: a
-			// period estimated early, from a counter seen moving a few
-			// times, can be far too long (measured: a sleep of 437 ms
-			// while the key sat free and owed to this waiter for 176).
-			limit, exact = min(max(x.q.eta.Sub(now), cl.cfg.minBackoff), cl.cfg.maxBackoff), true
-		default:
-			limit = max(period/2, cl.cfg.minBackoff/4)
-		}
-	} else if own := cl.pace.ownHold(); own > 0 && x.q.registered() && !x.q.head() && c.cfg.pacer.uses(rulePeriod) {
-		// No period known (the counter seen once, or still for a TTL):
-		// behind a waiter that may be slow to come (its first wait, on
-		// the backoff), the reads that would see its hold begin need not
-		// be close together, as the record dates the hold (heldSince):
-		// read no more often than every half hold of this Mutex's, and at
-		// least every maximum backoff. (Measured, 2 Clients holding 300
-		// ms: 1 to 5 reads there before.)
-		least = min(own/2, cl.cfg.maxBackoff)
-	}
 	if !x.q.head() {
 		due = &watch{}
 	}
-	if err := c.waitPoll(x.ctx, cl, &x.polls, due, &x.ew, limit, exact, least); err != nil {
+	d := x.sched.next(x.c.clock.Now(), x.q.registered(), x.q.head())
+	if err := x.c.waitPoll(x.ctx, x.cl, d, due, &x.ew); err != nil {
 		return err
 	}
 	x.joined = false
