@@ -16,11 +16,11 @@ import (
 
 // A claim is what one locking call asks for, and for whom.
 type claim struct {
-	lk   locker
-	cfg  *config
-	pace *pacing // where the primitive's last wait's polls ended
-	spec attempt // key, ttl, kind, data; shared and limit for a shared hold
-	seen *seen   // shared holds: the key's token counter as last seen
+	lk      locker
+	cfg     *config
+	pace    *pacing // where the primitive's last wait's polls ended
+	attempt attempt // key, ttl, kind, data; shared and limit for a shared hold
+	seen    *seen   // shared holds: the key's token counter as last seen
 }
 
 // seen is the token counter of a key as a primitive last saw it: a shared
@@ -48,7 +48,7 @@ func (s *seen) set(t Token) {
 // with errLockedHere), then the key, unless the previous holder of the
 // slot handed its hold over. name is the span's.
 func (c *Client) lockExclusive(ctx context.Context, cl claim, name string, try bool) (l *Lease, err error) {
-	key := cl.spec.key
+	key := cl.attempt.key
 	if err := c.begin(); err != nil {
 		return nil, err
 	}
@@ -90,7 +90,7 @@ func (c *Client) lockShared(ctx context.Context, cl claim, name string, try bool
 	}
 	defer c.finish()
 	start := time.Now()
-	ctx, span := c.tel.lockSpan(ctx, name, cl.spec.key, c.owner)
+	ctx, span := c.tel.lockSpan(ctx, name, cl.attempt.key, c.owner)
 	attempts := 0
 	defer func() { c.tel.endLock(ctx, span, start, attempts, l, err) }()
 	l, attempts, err = c.acquireShared(ctx, cl, try)
@@ -190,157 +190,6 @@ func kindError(key, want, got string) error {
 	return fmt.Errorf("%w: %q is used as %s, not as %s", ErrKindMismatch, key, name(got), name(want))
 }
 
-// queues reports whether an exclusive wait for a key of kind queues in
-// the document (not with the flawed variants that keep waiters out).
-func (c *Client) queues(kind string) bool {
-	switch {
-	case c.cfg.hooks.flawed(flawUnfair):
-		return kind == kindRW // as before fair queueing: only an RWMutex's writers registered
-	case c.cfg.hooks.flawed(flawNoWriterRegistration):
-		return kind != kindRW
-	}
-	return true
-}
-
-// A queueing is one exclusive wait's place in its key's queue.
-type queueing struct {
-	reg   *Lease   // the registration, kept alive by the extender; nil when not registered
-	ahead []string // hold keys of the waiters registered before it, as last seen
-}
-
-// registered reports whether the wait is registered, as far as it knows.
-func (q *queueing) registered() bool { return q.reg != nil && q.reg.Err() == nil }
-
-// head reports whether the wait may send an acquire: unregistered (it
-// then takes a free key only while no one is registered), or registered
-// with no waiter ahead of it as last seen. The acquire's filter checks
-// that those ahead are gone, so a stale view costs a failed attempt, not
-// the order.
-func (q *queueing) head() bool { return !q.registered() || len(q.ahead) == 0 }
-
-// registerRetries is how many times a registration that was outrun (its
-// compare-and-set found the queue counter moved) reads the counter and
-// tries again before its wait goes on unregistered until the next poll.
-// Each failure means another registration applied, so when m Clients
-// register at once, as when they start together, at least one of them
-// gets through each round. (Measured on the test server, 8 Clients
-// starting together with 20 ms holds, four runs each: with one retry, 5
-// to 8 registrations a run were outrun twice, and the Client that
-// registered last waited 390 to 559 ms for its first Lock, behind other
-// Clients' second ones; with four, 1 or 2, and 313 to 391 ms.)
-const registerRetries = 4
-
-// enqueue registers attempt a as a waiter for its key, with the next
-// queue number: a compare-and-set on the key's queue counter as cl's
-// primitive last saw it; when that was stale it guesses once more,
-// queueSlack+1 higher (see queueSlack), and then reads the counter and
-// tries again, up to registerRetries times. It returns the record
-// written; unregistered, the record it read (the zero record when the
-// key has none). A registration whose outcome is unknown is removed in
-// the background.
-func (c *Client) enqueue(ctx context.Context, cl claim, a attempt, q *queueing) (record, error) {
-	a.queue = cl.pace.queueGuess()
-	sent := c.clock.Now()
-	r, err := c.store.register(ctx, a)
-	if errors.Is(err, errHeld) { // see queueSlack: once, guess again without reading
-		a.queue += queueSlack + 1
-		sent = c.clock.Now()
-		r, err = c.store.register(ctx, a)
-	}
-	var read record
-	for i := 0; i < registerRetries && errors.Is(err, errHeld); i++ { // a stale counter, or no record of a's kind
-		if read, err = c.store.read(ctx, a.key); err != nil || read.Rev == 0 || read.Kind != a.kind {
-			return read, err
-		}
-		a.queue = read.Queue
-		sent = c.clock.Now()
-		r, err = c.store.register(ctx, a)
-	}
-	switch {
-	case errors.Is(err, errHeld):
-		return read, nil // outrun every time: wait unregistered, and try again after the poll
-	case err != nil:
-		c.dropRegistration(a)
-		return record{}, err
-	}
-	reg := c.registration(cl.cfg, a, sent)
-	if !c.ext.add(reg) {
-		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, reg.ref()) })
-		return record{}, ErrClosed
-	}
-	q.reg, q.ahead = reg, nil
-	return r, nil
-}
-
-// registration returns the lease of the registration that attempt a,
-// sent at sent, made: its token is its queue number, the one after a's
-// guess (a.queue), and it carries no data.
-func (c *Client) registration(cfg *config, a attempt, sent time.Time) *Lease {
-	reg := c.newLease(nil, cfg, a, Token(a.queue+1), roleWaiter, sent)
-	reg.data = nil
-	return reg
-}
-
-// dropRegistration removes, in the background, the registration that
-// attempt a may have made: its reply did not come.
-func (c *Client) dropRegistration(a attempt) {
-	ref := leaseRef{key: a.key, owner: a.owner, hold: a.hold, ttl: a.ttl, token: Token(a.queue + 1), role: roleWaiter}
-	c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
-}
-
-// view brings an exclusive wait up to date with r, the record as just
-// read or registered in (watchHolder does the holder's revision): its
-// place in the queue (a registration that is gone, cleared by another
-// waiter while this Client could not extend it, is ended, and the wait
-// registers again), its primitive's view of the queue and token counters,
-// and the entries it watches for liveness: the waiters ahead of
-// it (all of them while unregistered) and, for an RWMutex's writer, the
-// shared holds.
-func (c *Client) view(cl claim, a attempt, r record, ew *entryWatch, q *queueing) error {
-	if r.Rev != 0 && r.Kind != a.kind {
-		return kindError(a.key, a.kind, r.Kind)
-	}
-	if r.Rev != 0 {
-		cl.pace.sawQueue(r.Queue)
-		cl.pace.sawToken(r.Token, c.clock.Now())
-	}
-	blocking := r
-	if q.reg != nil {
-		e, ok := r.Waiters[a.holdKey()]
-		if !ok {
-			q.reg.end(ErrReleased, "") // cleared already: nothing to remove
-			*q = queueing{}
-		} else {
-			q.ahead = r.ahead(e.Q)
-			blocking.Waiters = make(map[string]entry, len(q.ahead))
-			for _, hk := range q.ahead {
-				blocking.Waiters[hk] = r.Waiters[hk]
-			}
-		}
-	}
-	now := c.clock.Now()
-	ew.observe(blocking, now, roleShared, roleWaiter)
-	for hk, e := range blocking.Waiters {
-		if e.Owner == c.owner && hk != a.holdKey() {
-			// A registration of this Client's that no call uses (one whose
-			// removal did not land): this call holds the Client's slot for
-			// the key, so it may clear it at once, as an orphaned hold.
-			ew.dueAt(roleWaiter, hk, now)
-		}
-	}
-	return nil
-}
-
-// unregister ends a registration that its acquire did not end, and
-// removes it from the document in the background.
-func (c *Client) unregister(reg *Lease) {
-	if reg == nil || !reg.end(ErrReleased, "") {
-		return
-	}
-	ref := reg.ref()
-	c.tidy(reg.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
-}
-
 // acquireShared takes a shared hold for cl: a Semaphore's permit or an
 // RWMutex's read hold. A shared acquire is a compare-and-set on the key's
 // token counter (docs/design.md has why), so it is sent only when the counter is
@@ -355,14 +204,14 @@ func (c *Client) unregister(reg *Lease) {
 // document whose revision stood still for a TTL is cleared whole (every
 // hold in it has ended), both by writes conditional on what was read.
 func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease, int, error) {
-	x := &sharedWait{c: c, ctx: ctx, cl: cl, a: cl.spec, sched: cl.pace.shared(cl.cfg, c.pacer)}
+	x := &sharedWait{c: c, ctx: ctx, cl: cl, a: cl.attempt, sched: cl.pace.shared(cl.cfg, c.pacer)}
 	x.a.owner, x.a.hold = c.owner, c.holdIDs.Add(1)
 	if c.cfg.hooks.flawed(flawSharedOverLimit) {
 		x.a.limit++
 	}
 	var ready bool
 	x.a.token, ready = cl.seen.get()
-	x.ew.hasty = c.cfg.hooks.flawed(flawReapLive)
+	x.ew.reapLive = c.cfg.hooks.flawed(flawReapLive)
 	afterRead := false
 	for {
 		var err error
@@ -562,8 +411,8 @@ func (c *Client) token(ctx context.Context, r record, t Token) (Token, error) {
 // changes its entry's epoch, so an epoch unchanged for the entry's TTL
 // since the waiter's read arrived means its owner relies on it no more.
 type entryWatch struct {
-	seen  map[string]watchedEntry
-	hasty bool // flawReapLive: entries are due at once
+	seen     map[string]watchedEntry
+	reapLive bool // flawReapLive: entries are due at once
 }
 
 type watchedEntry struct {
@@ -585,7 +434,7 @@ func (ew *entryWatch) observe(r record, now time.Time, roles ...role) {
 			old, ok := ew.seen[id]
 			if !ok || old.epoch != e.Epoch || old.token != e.Token || old.stored != e.Stored {
 				old = watchedEntry{role: ro, key: k, epoch: e.Epoch, token: e.Token, stored: e.Stored, deadline: now.Add(e.TTL)}
-				if ew.hasty {
+				if ew.reapLive {
 					old.deadline = now
 				}
 			}

@@ -318,7 +318,7 @@ func (c *Client) tidy(timeout time.Duration, write func(ctx context.Context)) bo
 // callers. It returns a lease when the previous holder handed one over. With
 // try, it fails with errLockedHere instead of queueing.
 func (c *Client) enter(ctx context.Context, cl claim, try bool) (*Lease, error) {
-	key := cl.spec.key
+	key := cl.attempt.key
 	c.mu.Lock()
 	s := c.slots[key]
 	if s == nil {
@@ -499,7 +499,7 @@ func (c *Client) release(ctx context.Context, l *Lease) error {
 // given the slot alone, finds the kind as any other Client's call would,
 // and returns [ErrKindMismatch].
 func (c *Client) handOver(ctx context.Context, l *Lease, w *waiter) error {
-	if w.cl.spec.kind != kindOf(l.lk) {
+	if w.cl.attempt.kind != kindOf(l.lk) {
 		err := c.store.release(ctx, l.ref())
 		if errors.Is(err, errNotOwner) {
 			err = l.takenOver()
@@ -507,12 +507,12 @@ func (c *Client) handOver(ctx context.Context, l *Lease, w *waiter) error {
 		c.deliver(l.key, w, nil)
 		return err
 	}
-	a := w.cl.spec
+	a := w.cl.attempt
 	a.owner, a.hold = c.owner, c.holdIDs.Add(1)
-	a.barge = c.cfg.hooks.flawed(flawUnfair) || c.cfg.hooks.flawed(flawQueueJump)
+	a.pastQueue = c.cfg.hooks.flawed(flawUnfair) || c.cfg.hooks.flawed(flawQueueJump)
 	sent := c.clock.Now()
 	r, err := c.store.handoff(ctx, l.ref(), a)
-	if errors.Is(err, errNotOwner) && !a.barge {
+	if errors.Is(err, errNotOwner) && !a.pastQueue {
 		// Lost, or waiters of other Clients are queued: the key is
 		// theirs first, and the local waiter queues behind them.
 		if err = c.store.release(ctx, l.ref()); err == nil {

@@ -122,7 +122,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Lease, error) {
 		old.Release(ctx) // a lost term: give its place in the Client's queue up, at once
 	}
 	cl := claim{lk: e, cfg: &e.cfg, pace: &e.pace,
-		spec: attempt{key: e.name, ttl: e.cfg.ttl, data: []byte(value), kind: e.kind()}}
+		attempt: attempt{key: e.name, ttl: e.cfg.ttl, data: []byte(value), kind: e.kind()}}
 	l, err := e.c.lockExclusive(ctx, cl, "dlock.Campaign", false)
 	if err != nil {
 		return nil, keyError("campaign", e.name, err)

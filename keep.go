@@ -1,10 +1,5 @@
 package dlock
 
-import (
-	"context"
-	"errors"
-)
-
 // This file is the keep: an Unlock under contention that, instead of
 // freeing the key, keeps it for its primitive's next Lock, which takes it
 // over with no command. docs/fairness.md has the bound this gives.
@@ -42,64 +37,10 @@ func (c *Client) keep(l *Lease, cl claim) bool {
 	if handoff && !cl.cfg.hooks.flawed(flawKeepAlways) {
 		return false
 	}
-	a := attempt{key: l.key, owner: c.owner, hold: l.hold, ttl: l.ttl, kind: cl.spec.kind, raw: l.raw.Load()}
+	a := attempt{key: l.key, owner: c.owner, hold: l.hold, ttl: l.ttl, kind: cl.attempt.kind, raw: l.raw.Load()}
 	h := c.newLease(nil, cl.cfg, a, l.count, roleExclusive, l.lastSent())
 	if h.Err() != nil || c.isClosing() {
 		return false
 	}
 	return c.leaveFor(cl, &leftover{lease: h, a: a, pace: cl.pace, handoff: handoff, taken: make(chan struct{})})
-}
-
-// resume gives the hold kept in lo (which pickUp ended) to attempt a of
-// claim cl, and returns the lease and how many commands that took: none,
-// the lease being the kept hold's under its spare token (the hold's
-// writes still name the counter, which is that token now). The deadline
-// is the kept hold's: counted from its last write's send. It returns
-// ErrClosed when Close had begun (the hold is then given back), and
-// errNotOwner, with the hold released in the background, when it was
-// past its deadline.
-//
-// A hold kept for another primitive than cl's, or, for flawKeepAlways,
-// kept without a spare, is handed over by a write instead: a new hold
-// with a's hold id, data and a new token. The keep's own handoff is taken
-// past the queue (the queue was passed by the hold's own acquire);
-// another primitive's is not, as a local handoff is not: if waiters of
-// other Clients are queued it is refused, the hold is released (a second
-// command), and errNotOwner returned, the caller queueing behind them.
-// Any other error leaves the hold perhaps a's, and the caller's next
-// attempt, with a's hold id, finds and renews it.
-func (c *Client) resume(ctx context.Context, cl claim, a attempt, lo *leftover) (*Lease, int, error) {
-	h := lo.lease
-	if !lo.byWrite(cl) {
-		next := a
-		next.hold = h.hold
-		l, err := c.grant(cl, next, h.token, roleExclusive, h.lastSent())
-		if err == nil {
-			cl.pace.took(h.lastSent(), c.clock.Now(), 0, true)
-		} else if !errors.Is(err, ErrClosed) {
-			ref := h.ref()
-			c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
-			err = errNotOwner
-		}
-		return l, 0, err
-	}
-	next := a
-	next.barge = lo.pace == cl.pace // the keep's own handoff: the hold's acquire passed the queue
-	sent := c.clock.Now()
-	r, err := c.store.handoff(ctx, h.ref(), next)
-	if errors.Is(err, errNotOwner) && !next.barge {
-		ref := h.ref()
-		if c.store.release(ctx, ref) != nil {
-			c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
-		}
-		return nil, 2, errNotOwner
-	}
-	if err != nil {
-		return nil, 1, err
-	}
-	l, err := c.grant(cl, a, r.Token, roleExclusive, sent)
-	if err == nil {
-		cl.pace.took(sent, c.clock.Now(), 0, true)
-	}
-	return l, 1, err
 }

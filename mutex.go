@@ -140,5 +140,5 @@ func (m *Mutex) lock(ctx context.Context, name string, try bool) error {
 func (m *Mutex) requeueClaim() claim { return m.claim() }
 
 func (m *Mutex) claim() claim {
-	return claim{lk: m, cfg: &m.cfg, pace: &m.pace, spec: attempt{key: m.key, ttl: m.cfg.ttl, data: m.cfg.data}}
+	return claim{lk: m, cfg: &m.cfg, pace: &m.pace, attempt: attempt{key: m.key, ttl: m.cfg.ttl, data: m.cfg.data}}
 }

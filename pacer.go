@@ -57,7 +57,6 @@ type pacing struct {
 	hold    time.Duration // guarded by mu: how long its last hold lasted, from the Lock's return to the Unlock (keep.go)
 	batch   time.Time     // guarded by mu: when the acquire was sent that began its last run of holds (keep.go)
 	kept    bool          // guarded by mu: its last Lock took a hold its Unlock kept (keep.go)
-	late    int           // guarded by mu: requeued waits in a row whose first attempt failed (planTurn)
 
 	freed    sighting  // guarded by mu: when the last Unlock sent the write that freed the key, and the counter as it left it; zero if it kept the hold (planHead)
 	unlocked time.Time // guarded by mu: when the last Unlock returned (requeue.go)
@@ -122,10 +121,8 @@ func (p *pacing) queueGuess() int64 {
 // plus one, past the other's guess, so the other's registration (or
 // requeue) fails. Its second try guesses queueSlack+1 higher, which is the
 // first's number plus queueSlack, without reading the counter first.
-// (Measured on the test server, 2 Clients holding 300 ms: at the start,
-// one registration in three runs, and now and then a requeue, failed so,
-// and each cost a read and another write, a failed requeue also a
-// release.)
+// Without the slack, such a failure costs a read and another write
+// (docs/fairness.md prices it).
 const queueSlack = 64
 
 func (p *pacing) sawQueue(q int64) {
@@ -308,21 +305,16 @@ func (s *schedule) next(now time.Time, registered, head bool) time.Duration {
 // The keep's memory (keep.go).
 
 // keepFactor: a hold is kept when it lasted less than keepFactor round
-// trips of its primitive's acquires. (Measured on the test server, 8
-// Clients looping with 20 ms holds, which 32 keeps and 4 does not: 32
-// gave 0.90 to 1.02 times the throughput of dlock before fair queueing
-// in four runs, at 1.7 to 2.4 commands an acquisition; 4 gave 0.78 and
-// 0.79, at 4.7 and 5.5.)
+// trips of its primitive's acquires: long enough to keep 20 ms holds a
+// millisecond from the server, where a hand-over costs as much as the
+// hold (docs/fairness.md).
 const keepFactor = 32
 
 // took notes that a Lock of the primitive took the key by a write sent at
 // sent, taking it at now: a hold an Unlock kept, or not (then the write
 // was an acquire, whose round trip, rtt, it tracks, and which begins a run
-// of holds). The round trip is the acquire's alone: a key's first acquire
-// also reads the floor and raises the token counter, and counted with
-// them (measured: 10 ms on the test server, as a Client starts), a hold
-// of 300 ms looked short (under keepFactor round trips), and the next
-// acquire reserved a spare token it did not use.
+// of holds). The round trip is the acquire's alone, without a new key's
+// floor read, which would make long holds look short.
 func (p *pacing) took(sent, now time.Time, rtt time.Duration, kept bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -443,8 +435,7 @@ func (p *pacing) takeFreed() sighting {
 // unlockedAt notes that an Unlock of the primitive returned at now. The
 // window is counted from there, not from when the Unlock began: its write
 // may have waited behind other Clients' commands for longer than the
-// window (measured: under 8 Clients on the test server, the requeue then
-// stopped at every other Unlock).
+// window.
 func (p *pacing) unlockedAt(now time.Time) {
 	p.mu.Lock()
 	p.unlocked = now
@@ -533,16 +524,13 @@ func turnRetry(u time.Duration, cfg *config) time.Duration {
 
 // miss notes that an attempt sent at sent found the key not yet the
 // wait's, at now; after turnRetries of them the plan ends. The next
-// attempt waits the retry interval, and at least the round trip of this
-// one: waiters that all aimed early must not fill a server that runs one
-// command at a time with misses, or the holder's own commands queue
-// behind them and every turn is late.
+// attempt is a retry interval later.
 func (tp *turnPlan) miss(sent, now time.Time) {
 	if tp.head && sent.Before(tp.next) {
 		return // sent early, at the maximum backoff: the plan stands
 	}
 	tp.failed++
-	tp.next = now.Add(max(tp.retry, now.Sub(sent)))
+	tp.next = now.Add(tp.retry)
 	if tp.head {
 		tp.retry *= 2 // see planHead
 	}
@@ -557,9 +545,8 @@ func (tp *turnPlan) miss(sent, now time.Time) {
 // hold (busy), whichever is more: the pull towards the hold is what keeps
 // a queue of waiters that all aim late from settling in a slow rhythm, as
 // each one's wait would show the others' lateness. A first attempt that
-// failed moves the aim later, by half a retry interval, doubled for each
-// such wait in a row, but never past a retry interval before when this
-// wait took the key.
+// failed moves the aim later, by half a retry interval, but never past a
+// retry interval before when this wait took the key.
 //
 // With one waiter ahead (two Clients taking turns), the turn is the other
 // Client's hold plus the time it took to come, so the steps are smaller
@@ -582,14 +569,12 @@ func (p *pacing) tookTurn(tp turnPlan, now time.Time) {
 		} else {
 			u -= max(step/2, (u-p.busy)/2)
 		}
-		p.late = 0
 	} else { // later, but not later than it took the key
 		ceil := (now.Sub(tp.joined) - tp.retry) / k // at the last attempt that failed, about
 		if tp.k == 1 {
 			ceil = now.Sub(tp.joined)
 		}
-		u = max(u, min(u+step<<min(p.late, 8), ceil))
-		p.late++
+		u = max(u, min(u+step, ceil))
 	}
 	p.turn = max(u, time.Microsecond)
 }
@@ -679,16 +664,13 @@ func heldSince(last, now sighting, an anchor) (began time.Time, ok bool) {
 // write of the wait's own), the plan starts from then; otherwise from
 // the sends' midpoint, and only if they were at most a quarter of a
 // hand-over period apart: the midpoint could otherwise be later than the
-// hold's start by more than the head's polls, four a period, would be
-// (measured by a review, in a simulation: a Lock that came 250 ms after
-// its Unlock, with 300 ms holds, left the key free 126 ms on average,
-// against 39 polling). The hold is due to end a hand-over period after
-// it began, or a hold of the wait's own Mutex, if that is shorter but at
-// least a third of the period: as Clients start, the period counts the
-// time the key sat free while their first waits polled on the backoff
-// (450 to 770 ms measured, for 300 ms holds), and an aim that late
-// leaves the key free again and puts the next waits off; far shorter own
-// holds say little of the others'. The wait sends
+// hold's start by more than the head's polls, four a period, would be.
+// The hold is due to end a hand-over period after it began, or a hold of
+// the wait's own Mutex, if that is shorter but at least a third of the
+// period: as Clients start, the period counts the time the key sat free
+// while their first waits polled on the backoff, and an aim that late
+// leaves the key free again; far shorter own holds say little of the
+// others'. The wait sends
 // its first attempt then, rather than polling four times a period, and
 // retries as a requeued wait does, but each retry twice as long after
 // the last (the hold may be longer than estimated); it sleeps at most

@@ -45,10 +45,10 @@ type leftover struct {
 // kept reports whether lo is a kept hold rather than a registration.
 func (lo *leftover) kept() bool { return lo.lease.role == roleExclusive }
 
-// byWrite reports whether kept hold lo is taken over by cl's primitive
+// byHandoff reports whether kept hold lo is taken over by cl's primitive
 // with a handoff write rather than with none: when it was kept for
 // another primitive, or kept without a spare (flawKeepAlways).
-func (lo *leftover) byWrite(cl claim) bool { return lo.handoff || lo.pace != cl.pace }
+func (lo *leftover) byHandoff(cl claim) bool { return lo.handoff || lo.pace != cl.pace }
 
 // requeue releases exclusive lease l, whose primitive's claim is cl, and
 // registers cl's next Lock in the same write. It reports false, having
@@ -59,7 +59,7 @@ func (lo *leftover) byWrite(cl claim) bool { return lo.handoff || lo.pace != cl.
 // a release's would be, with the registration, if it was made, removed in
 // the background.
 func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) {
-	a := cl.spec
+	a := cl.attempt
 	a.owner, a.hold, a.queue = c.owner, c.holdIDs.Add(1), cl.pace.queueGuess()
 	sent := c.clock.Now()
 	r, err := c.store.requeue(ctx, l.ref(), a)
@@ -149,29 +149,4 @@ func (c *Client) dispose(lo *leftover) {
 	ctx, cancel := context.WithTimeout(c.tidyCtx, min(lo.a.ttl, cleanupTimeout))
 	defer cancel()
 	c.store.release(ctx, lo.lease.ref())
-}
-
-// pickUp returns what the last Unlock left for an exclusive acquire of
-// a's key, kind and TTL (a kept hold is ended: the caller hands it over),
-// or nil when there is none. One of another kind or TTL, or whose lease
-// has ended, is disposed of. It may have been left for another primitive
-// of the key: a registration is adopted all the same (it is only a place
-// in the queue), a kept hold is taken over by a write (byWrite).
-func (c *Client) pickUp(a attempt) *leftover {
-	c.mu.Lock()
-	lo := c.leftovers[a.key]
-	delete(c.leftovers, a.key)
-	c.mu.Unlock()
-	if lo == nil {
-		return nil
-	}
-	close(lo.taken)
-	if lo.a.kind != a.kind || lo.a.ttl != a.ttl || lo.lease.Err() != nil {
-		c.tidy(lo.a.ttl, func(context.Context) { c.dispose(lo) })
-		return nil
-	}
-	if lo.kept() {
-		lo.lease.end(ErrReleased, "")
-	}
-	return lo
 }

@@ -135,7 +135,7 @@ func (rw *RWMutex) lock(ctx context.Context, name string, try bool) error {
 		return keyError("lock", rw.key, err)
 	}
 	cl := claim{lk: rw, cfg: &rw.cfg, pace: &rw.pace, seen: &rw.seen,
-		spec: attempt{key: rw.key, ttl: rw.cfg.ttl, data: rw.cfg.data, kind: rw.kind()}}
+		attempt: attempt{key: rw.key, ttl: rw.cfg.ttl, data: rw.cfg.data, kind: rw.kind()}}
 	l, err := rw.c.lockExclusive(ctx, cl, name, try)
 	if err != nil {
 		return keyError("lock", rw.key, err)
@@ -286,7 +286,7 @@ func (rw *RWMutex) rlock(ctx context.Context, name string, try bool) error {
 		c.mu.Unlock()
 
 		cl := claim{lk: rw, cfg: &rw.cfg, pace: &rw.pace, seen: &rw.seen,
-			spec: attempt{key: rw.key, ttl: rw.cfg.ttl, data: rw.cfg.data, kind: rw.kind(), shared: true, limit: maxReaders}}
+			attempt: attempt{key: rw.key, ttl: rw.cfg.ttl, data: rw.cfg.data, kind: rw.kind(), shared: true, limit: maxReaders}}
 		l, err := c.lockShared(ctx, cl, name, try)
 
 		c.mu.Lock()

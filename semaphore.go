@@ -90,7 +90,7 @@ func (s *Semaphore) acquire(ctx context.Context, name string, try bool) (*Lease,
 		return nil, keyError("acquire", s.key, ctx.Err())
 	}
 	cl := claim{lk: s, cfg: &s.cfg, pace: &s.pace, seen: &s.seen,
-		spec: attempt{key: s.key, ttl: s.cfg.ttl, data: s.cfg.data, kind: semKind(s.n), shared: true, limit: s.n}}
+		attempt: attempt{key: s.key, ttl: s.cfg.ttl, data: s.cfg.data, kind: semKind(s.n), shared: true, limit: s.n}}
 	l, err := s.c.lockShared(ctx, cl, name, try)
 	if err != nil {
 		return nil, keyError("acquire", s.key, err)

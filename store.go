@@ -82,7 +82,7 @@ func (r record) holds(ref leaseRef) bool {
 // key when it is free (see attempt and queueGate).
 func (r record) queueOpen(a attempt) bool {
 	switch {
-	case a.barge:
+	case a.pastQueue:
 		return true
 	case !a.registered:
 		return len(r.Waiters) == 0
@@ -293,10 +293,11 @@ type attempt struct {
 	// with the acquire, which may take the key only once the waiters
 	// registered before it (ahead, by hold key) have left the queue.
 	// Unregistered, an exclusive acquire takes a free key only when no
-	// waiter is registered (with barge, flawUnfair, regardless).
+	// waiter is registered. pastQueue lets it pass the queue: a keep's
+	// own handoff (keep.go), and the flaws that ignore the queue.
 	registered bool
 	ahead      []string
-	barge      bool
+	pastQueue  bool
 
 	// raw: the reply that made the hold showed a raw record, so its
 	// token counts from the floor read after that reply (docs/design.md, rule 5).

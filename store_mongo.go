@@ -420,7 +420,7 @@ func stampFilter(s stamp) bson.D {
 // registered before it gone. docs/design.md has why that is the head of the queue.
 func queueGate(a attempt) bson.D {
 	switch {
-	case a.barge:
+	case a.pastQueue:
 		return nil
 	case !a.registered:
 		return bson.D{{Key: fW, Value: emptyOrNone}}

@@ -132,11 +132,11 @@ type exclusiveWait struct {
 }
 
 func (c *Client) newExclusiveWait(ctx context.Context, cl claim, try bool) *exclusiveWait {
-	x := &exclusiveWait{c: c, ctx: ctx, cl: cl, try: try, a: cl.spec, sched: cl.pace.exclusive(cl.cfg, c.pacer)}
+	x := &exclusiveWait{c: c, ctx: ctx, cl: cl, try: try, a: cl.attempt, sched: cl.pace.exclusive(cl.cfg, c.pacer)}
 	x.a.owner, x.a.hold = c.owner, c.holdIDs.Add(1)
-	x.a.barge = c.cfg.hooks.flawed(flawUnfair) || c.cfg.hooks.flawed(flawQueueJump)
+	x.a.pastQueue = c.cfg.hooks.flawed(flawUnfair) || c.cfg.hooks.flawed(flawQueueJump)
 	x.tracing = trace.SpanFromContext(ctx).IsRecording()
-	x.ew.hasty = c.cfg.hooks.flawed(flawReapLive)
+	x.ew.reapLive = c.cfg.hooks.flawed(flawReapLive)
 	x.queues = !try && c.queues(x.a.kind)
 	_, spares := cl.lk.(requeuer) // its Unlock may keep a hold (keep.go): reserve a spare token
 	x.spares = spares && !c.cfg.hooks.flawed(flawUnfair) && x.sched.spares()
@@ -156,7 +156,7 @@ func (x *exclusiveWait) giveUp(err error) error {
 func (x *exclusiveWait) resumeKept() (l *Lease, err error, done bool) {
 	c, pr := x.c, x.pr
 	if pr != nil && pr.kept() {
-		x.kept = pr.byWrite(x.cl)
+		x.kept = pr.byHandoff(x.cl)
 		l, sent, err := c.resume(x.ctx, x.cl, x.a, pr)
 		x.attempts = sent
 		switch {
@@ -175,6 +175,85 @@ func (x *exclusiveWait) resumeKept() (l *Lease, err error, done bool) {
 	x.enqueue = x.queues && x.pr == nil && x.sched.contended(c.clock.Now())
 	x.joined = x.enqueue || x.pr != nil
 	return nil, nil, false
+}
+
+// pickUp returns what the last Unlock left for an exclusive acquire of
+// a's key, kind and TTL (a kept hold is ended: the caller hands it over),
+// or nil when there is none. One of another kind or TTL, or whose lease
+// has ended, is disposed of. It may have been left for another primitive
+// of the key: a registration is adopted all the same (it is only a place
+// in the queue), a kept hold is taken over by a write (byHandoff).
+func (c *Client) pickUp(a attempt) *leftover {
+	c.mu.Lock()
+	lo := c.leftovers[a.key]
+	delete(c.leftovers, a.key)
+	c.mu.Unlock()
+	if lo == nil {
+		return nil
+	}
+	close(lo.taken)
+	if lo.a.kind != a.kind || lo.a.ttl != a.ttl || lo.lease.Err() != nil {
+		c.tidy(lo.a.ttl, func(context.Context) { c.dispose(lo) })
+		return nil
+	}
+	if lo.kept() {
+		lo.lease.end(ErrReleased, "")
+	}
+	return lo
+}
+
+// resume gives the hold kept in lo (which pickUp ended) to attempt a of
+// claim cl, and returns the lease and how many commands that took: none,
+// the lease being the kept hold's under its spare token (the hold's
+// writes still name the counter, which is that token now). The deadline
+// is the kept hold's: counted from its last write's send. It returns
+// ErrClosed when Close had begun (the hold is then given back), and
+// errNotOwner, with the hold released in the background, when it was
+// past its deadline.
+//
+// A hold kept for another primitive than cl's, or, for flawKeepAlways,
+// kept without a spare, is handed over by a write instead: a new hold
+// with a's hold id, data and a new token. The keep's own handoff is taken
+// past the queue (the queue was passed by the hold's own acquire);
+// another primitive's is not, as a local handoff is not: if waiters of
+// other Clients are queued it is refused, the hold is released (a second
+// command), and errNotOwner returned, the caller queueing behind them.
+// Any other error leaves the hold perhaps a's, and the caller's next
+// attempt, with a's hold id, finds and renews it.
+func (c *Client) resume(ctx context.Context, cl claim, a attempt, lo *leftover) (*Lease, int, error) {
+	h := lo.lease
+	if !lo.byHandoff(cl) {
+		next := a
+		next.hold = h.hold
+		l, err := c.grant(cl, next, h.token, roleExclusive, h.lastSent())
+		if err == nil {
+			cl.pace.took(h.lastSent(), c.clock.Now(), 0, true)
+		} else if !errors.Is(err, ErrClosed) {
+			ref := h.ref()
+			c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
+			err = errNotOwner
+		}
+		return l, 0, err
+	}
+	next := a
+	next.pastQueue = lo.pace == cl.pace // the keep's own handoff: the hold's acquire passed the queue
+	sent := c.clock.Now()
+	r, err := c.store.handoff(ctx, h.ref(), next)
+	if errors.Is(err, errNotOwner) && !next.pastQueue {
+		ref := h.ref()
+		if c.store.release(ctx, ref) != nil {
+			c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
+		}
+		return nil, 2, errNotOwner
+	}
+	if err != nil {
+		return nil, 1, err
+	}
+	l, err := c.grant(cl, a, r.Token, roleExclusive, sent)
+	if err == nil {
+		cl.pace.took(sent, c.clock.Now(), 0, true)
+	}
+	return l, 1, err
 }
 
 // join registers the wait in the key's queue, or adopts the registration
@@ -371,4 +450,152 @@ func (x *exclusiveWait) pause() error {
 	}
 	x.joined = false
 	return nil
+}
+
+// queues reports whether an exclusive wait for a key of kind queues in
+// the document (not with the flawed variants that keep waiters out).
+func (c *Client) queues(kind string) bool {
+	switch {
+	case c.cfg.hooks.flawed(flawUnfair):
+		return kind == kindRW // as before fair queueing: only an RWMutex's writers registered
+	case c.cfg.hooks.flawed(flawNoWriterRegistration):
+		return kind != kindRW
+	}
+	return true
+}
+
+// A queueing is one exclusive wait's place in its key's queue.
+type queueing struct {
+	reg   *Lease   // the registration, kept alive by the extender; nil when not registered
+	ahead []string // hold keys of the waiters registered before it, as last seen
+}
+
+// registered reports whether the wait is registered, as far as it knows.
+func (q *queueing) registered() bool { return q.reg != nil && q.reg.Err() == nil }
+
+// head reports whether the wait may send an acquire: unregistered (it
+// then takes a free key only while no one is registered), or registered
+// with no waiter ahead of it as last seen. The acquire's filter checks
+// that those ahead are gone, so a stale view costs a failed attempt, not
+// the order.
+func (q *queueing) head() bool { return !q.registered() || len(q.ahead) == 0 }
+
+// registerRetries is how many times a registration that was outrun (its
+// compare-and-set found the queue counter moved) reads the counter and
+// tries again before its wait goes on unregistered until the next poll.
+// Each failure means another registration applied, so when m Clients
+// register at once, as when they start together, at least one of them
+// gets through each round, and 8 Clients that start together all
+// register within their first Locks.
+const registerRetries = 4
+
+// enqueue registers attempt a as a waiter for its key, with the next
+// queue number: a compare-and-set on the key's queue counter as cl's
+// primitive last saw it; when that was stale it guesses once more,
+// queueSlack+1 higher (see queueSlack), and then reads the counter and
+// tries again, up to registerRetries times. It returns the record
+// written; unregistered, the record it read (the zero record when the
+// key has none). A registration whose outcome is unknown is removed in
+// the background.
+func (c *Client) enqueue(ctx context.Context, cl claim, a attempt, q *queueing) (record, error) {
+	a.queue = cl.pace.queueGuess()
+	sent := c.clock.Now()
+	r, err := c.store.register(ctx, a)
+	if errors.Is(err, errHeld) { // see queueSlack: once, guess again without reading
+		a.queue += queueSlack + 1
+		sent = c.clock.Now()
+		r, err = c.store.register(ctx, a)
+	}
+	var read record
+	for i := 0; i < registerRetries && errors.Is(err, errHeld); i++ { // a stale counter, or no record of a's kind
+		if read, err = c.store.read(ctx, a.key); err != nil || read.Rev == 0 || read.Kind != a.kind {
+			return read, err
+		}
+		a.queue = read.Queue
+		sent = c.clock.Now()
+		r, err = c.store.register(ctx, a)
+	}
+	switch {
+	case errors.Is(err, errHeld):
+		return read, nil // outrun every time: wait unregistered, and try again after the poll
+	case err != nil:
+		c.dropRegistration(a)
+		return record{}, err
+	}
+	reg := c.registration(cl.cfg, a, sent)
+	if !c.ext.add(reg) {
+		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, reg.ref()) })
+		return record{}, ErrClosed
+	}
+	q.reg, q.ahead = reg, nil
+	return r, nil
+}
+
+// registration returns the lease of the registration that attempt a,
+// sent at sent, made: its token is its queue number, the one after a's
+// guess (a.queue), and it carries no data.
+func (c *Client) registration(cfg *config, a attempt, sent time.Time) *Lease {
+	reg := c.newLease(nil, cfg, a, Token(a.queue+1), roleWaiter, sent)
+	reg.data = nil
+	return reg
+}
+
+// dropRegistration removes, in the background, the registration that
+// attempt a may have made: its reply did not come.
+func (c *Client) dropRegistration(a attempt) {
+	ref := leaseRef{key: a.key, owner: a.owner, hold: a.hold, ttl: a.ttl, token: Token(a.queue + 1), role: roleWaiter}
+	c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
+}
+
+// view brings an exclusive wait up to date with r, the record as just
+// read or registered in (watchHolder does the holder's revision): its
+// place in the queue (a registration that is gone, cleared by another
+// waiter while this Client could not extend it, is ended, and the wait
+// registers again), its primitive's view of the queue and token counters,
+// and the entries it watches for liveness: the waiters ahead of
+// it (all of them while unregistered) and, for an RWMutex's writer, the
+// shared holds.
+func (c *Client) view(cl claim, a attempt, r record, ew *entryWatch, q *queueing) error {
+	if r.Rev != 0 && r.Kind != a.kind {
+		return kindError(a.key, a.kind, r.Kind)
+	}
+	if r.Rev != 0 {
+		cl.pace.sawQueue(r.Queue)
+		cl.pace.sawToken(r.Token, c.clock.Now())
+	}
+	blocking := r
+	if q.reg != nil {
+		e, ok := r.Waiters[a.holdKey()]
+		if !ok {
+			q.reg.end(ErrReleased, "") // cleared already: nothing to remove
+			*q = queueing{}
+		} else {
+			q.ahead = r.ahead(e.Q)
+			blocking.Waiters = make(map[string]entry, len(q.ahead))
+			for _, hk := range q.ahead {
+				blocking.Waiters[hk] = r.Waiters[hk]
+			}
+		}
+	}
+	now := c.clock.Now()
+	ew.observe(blocking, now, roleShared, roleWaiter)
+	for hk, e := range blocking.Waiters {
+		if e.Owner == c.owner && hk != a.holdKey() {
+			// A registration of this Client's that no call uses (one whose
+			// removal did not land): this call holds the Client's slot for
+			// the key, so it may clear it at once, as an orphaned hold.
+			ew.dueAt(roleWaiter, hk, now)
+		}
+	}
+	return nil
+}
+
+// unregister ends a registration that its acquire did not end, and
+// removes it from the document in the background.
+func (c *Client) unregister(reg *Lease) {
+	if reg == nil || !reg.end(ErrReleased, "") {
+		return
+	}
+	ref := reg.ref()
+	c.tidy(reg.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
 }
