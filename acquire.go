@@ -5,42 +5,22 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 )
 
 // This file is the lease core's acquisition, shared by every primitive:
-// the exclusive wait (Mutex, RWMutex.Lock), with this Client's local queue
-// and handoff, and the shared wait (RWMutex.RLock, Semaphore). docs/design.md has
+// the entry of an exclusive Lock (Mutex, RWMutex.Lock, Election), whose
+// wait is in wait.go; the shared wait (RWMutex.RLock, Semaphore); and what
+// both use: the grant of a lease, the sleep between polls, the token of a
+// raw record, and the watches of holders and entries. docs/design.md has
 // the lock document's design.
 
 // A claim is what one locking call asks for, and for whom.
 type claim struct {
 	lk      locker
 	cfg     *config
-	pace    *pacing // where the primitive's last wait's polls ended
+	pace    *pacing // what the primitive's waits and holds taught it (pacer.go)
 	attempt attempt // key, ttl, kind, data; shared and limit for a shared hold
-	seen    *seen   // shared holds: the key's token counter as last seen
-}
-
-// seen is the token counter of a key as a primitive last saw it: a shared
-// acquire is a compare-and-set on it, so a good guess saves a read.
-type seen struct {
-	mu    sync.Mutex
-	token Token // guarded by mu
-	known bool  // guarded by mu
-}
-
-func (s *seen) get() (Token, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.token, s.known
-}
-
-func (s *seen) set(t Token) {
-	s.mu.Lock()
-	s.token, s.known = t, true
-	s.mu.Unlock()
 }
 
 // lockExclusive takes an exclusive hold for cl: first this Client's slot
@@ -210,7 +190,7 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 		x.a.limit++
 	}
 	var ready bool
-	x.a.token, ready = cl.seen.get()
+	x.a.token, ready = cl.pace.token()
 	x.ew.reapLive = c.cfg.hooks.flawed(flawReapLive)
 	afterRead := false
 	for {
@@ -279,7 +259,7 @@ func (x *sharedWait) take(r record, sent time.Time) (*Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	x.cl.seen.set(r.Token)
+	x.cl.pace.sawToken(r.Token, c.clock.Now())
 	if c.cfg.hooks.flawed(flawDeadlineFromReply) {
 		sent = c.clock.Now()
 	}
@@ -350,7 +330,7 @@ func (x *sharedWait) read() (step, error) {
 		return stepOn, err
 	}
 	a.token = r.Token
-	x.cl.seen.set(r.Token)
+	x.cl.pace.sawToken(r.Token, c.clock.Now())
 	if x.ready = r.sharable(*a); x.ready {
 		return stepAgain, nil
 	}

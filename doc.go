@@ -38,9 +38,11 @@
 //   - Fencing tokens increase: each hold's token is greater than that of
 //     every hold of the key returned before its Lock was called, across
 //     releases, expiries, takeovers, restarts and [Client.Prune].
-//   - No clock comparisons between machines: each client reads only its own
-//     monotonic clock, so wall clocks may be set or stepped at any time.
-//     [WithServerClockTakeover] trades this for faster takeovers.
+//   - No clock comparisons between machines: every deadline and takeover
+//     is counted on the client's own monotonic clock, so wall clocks may be
+//     set or stepped at any time. [WithServerClockTakeover] trades this for
+//     faster takeovers. (A waiter times its next poll by the difference of
+//     two of the server's stamps; a stepped server clock costs it a poll.)
 //   - Liveness: a key whose holder crashed is free at most two TTLs after its
 //     last write, plus a poll interval (at most 1.5 maximum backoffs,
 //     [WithBackoff]); a crashed reader's or permit holder's hold likewise.

@@ -50,7 +50,7 @@ type Election struct {
 	cfg  config
 	err  error // invalid name or options
 
-	pace pacing // where the last wait's polls ended
+	pace pacing // what its waits and holds taught it (pacer.go)
 
 	mu    sync.Mutex
 	lease *Lease // guarded by mu: the last term won by Campaign, until resigned

@@ -30,7 +30,7 @@ type Mutex struct {
 
 	mu    sync.Mutex
 	lease *Lease // guarded by mu: the current hold, or nil
-	pace  pacing // where the last wait's polls ended
+	pace  pacing // what its waits and holds taught it (pacer.go)
 }
 
 // Key returns the Mutex's key.

@@ -162,21 +162,14 @@ func WithMaxHold(d time.Duration) Option {
 	})
 }
 
-// WithBackoff bounds the jittered exponential backoff between a waiting
-// Lock's polls of a held key: it starts near min and doubles up to max. A
-// Lock queued in the key's document polls on a schedule derived from how
-// often the key changes hands instead (before that is known, from how long
-// its Mutex holds the key), within these bounds, except the head of the
-// queue, which polls at most every min/4 (or, having seen the hold it
-// waits for begin, sends an attempt only every max until that hold is due
-// to end), and a Lock that its Mutex's Unlock queued, which plans to send
-// nothing until its turn is due. Whatever the schedule, no wait sleeps
-// longer than 1.5·max at a time: a planned wait woken before its turn
-// polls as any other does, and keeps its plan. docs/fairness.md has the
-// schedules, and min as the requeue and keep window. A Mutex whose last
-// wait ended less than a TTL ago starts from the interval that wait
-// reached instead of min. Defaults: [DefaultMinBackoff] and
-// [DefaultMaxBackoff].
+// WithBackoff bounds the jittered exponential backoff between a wait's
+// polls of a held key: it starts near min and doubles up to max, or starts
+// from the interval the primitive's last wait reached, if that wait ended
+// less than a TTL ago. A Lock queued in the key's document under
+// contention follows a schedule of its own instead (docs/fairness.md), but
+// no wait sleeps longer than 1.5·max at a time. min is also how long an
+// Unlock under contention leaves a kept hold or a registration for its
+// Mutex's next Lock. Defaults: [DefaultMinBackoff] and [DefaultMaxBackoff].
 func WithBackoff(min, max time.Duration) Option {
 	return optionFunc(func(c *config) {
 		if min <= 0 || max < min {

@@ -5,14 +5,24 @@ import (
 	"time"
 )
 
-// A pacer decides when a wait sends its next command. Whatever it
-// answers, the server's filters keep exclusion, the queue's order and the
-// tokens (docs/design.md): its mistakes cost commands and latency, never
-// safety. Nor liveness: waitPoll caps every sleep at maxSleep and wakes a
+// This file is the pacing of waits: when a wait sends its next command,
+// and whether that is an acquire attempt or a read. Its contract: whatever
+// it answers, the server's filters keep exclusion, the queue's order and
+// the tokens (docs/design.md), so its mistakes cost commands and latency,
+// never safety; and waitPoll caps every sleep at maxSleep and wakes a
 // wait when a watch says that a holder, or a waiter ahead, may be
-// cleared, so the bounds of docs/fairness.md hold whatever it answers.
-// The simulation checks both with two more pacers than dlock's own: one
-// that answers at random within the caps, and plain backoff.
+// cleared, so the liveness bounds of docs/fairness.md hold whatever it
+// answers too.
+//
+// Three types share the work. A schedule paces one wait, from what the
+// wait tells it it saw. A pacing is what a primitive remembers of its
+// waits and holds from one wait to the next. A pacer says which rules
+// they follow, and may change the sleeps they propose: dlock's follows
+// every rule (rulesPacer); the tests run, besides, one that answers at
+// random and plain backoff, and every property holds with each.
+
+// A pacer chooses the rules that schedules and Unlocks follow, and the
+// sleeps (see the file's comment).
 type pacer interface {
 	// sleep returns how long a wait sleeps before its next round, given
 	// what the wait's rules propose and what plain backoff would.
@@ -30,7 +40,7 @@ const (
 	ruleRequeue                   // an Unlock under contention registers its Mutex's next Lock in the same write (requeue.go)
 	ruleTurnPlan                  // a requeued wait sleeps until its turn is due (planTurn)
 	ruleHeadPlan                  // a head that saw the hold it waits for begin sleeps until it is due to end (planHead)
-	rulePeriod                    // waits poll at fractions of how often the key changes hands (wait.go: pause)
+	rulePeriod                    // registered waits poll at fractions of how often the key changes hands (schedule.next)
 )
 
 // rulesPacer is dlock's pacer: every rule, each sleep as the rules propose.
@@ -81,6 +91,15 @@ func (p *pacing) sawToken(t Token, now time.Time) {
 	if t != p.counter.token || p.counter.sent.IsZero() {
 		p.counter = sighting{sent: now, token: t}
 	}
+}
+
+// token returns the key's token counter as last seen, and whether one
+// was: a shared acquire is a compare-and-set on it, so a good guess saves
+// a read.
+func (p *pacing) token() (Token, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.counter.token, !p.counter.sent.IsZero()
 }
 
 // period is the estimate of how often the key changes hands, 0 if none or

@@ -44,8 +44,7 @@ type RWMutex struct {
 	cfg config
 	err error // invalid key or options
 
-	pace pacing // where the last wait's polls ended
-	seen seen   // the key's token counter as last seen
+	pace pacing // what its waits and holds taught it (pacer.go)
 
 	mu    sync.Mutex
 	lease *Lease // guarded by mu: the exclusive hold, or nil
@@ -134,7 +133,7 @@ func (rw *RWMutex) lock(ctx context.Context, name string, try bool) error {
 	if err := rw.check(ctx); err != nil {
 		return keyError("lock", rw.key, err)
 	}
-	cl := claim{lk: rw, cfg: &rw.cfg, pace: &rw.pace, seen: &rw.seen,
+	cl := claim{lk: rw, cfg: &rw.cfg, pace: &rw.pace,
 		attempt: attempt{key: rw.key, ttl: rw.cfg.ttl, data: rw.cfg.data, kind: rw.kind()}}
 	l, err := rw.c.lockExclusive(ctx, cl, name, try)
 	if err != nil {
@@ -285,7 +284,7 @@ func (rw *RWMutex) rlock(ctx context.Context, name string, try bool) error {
 		}
 		c.mu.Unlock()
 
-		cl := claim{lk: rw, cfg: &rw.cfg, pace: &rw.pace, seen: &rw.seen,
+		cl := claim{lk: rw, cfg: &rw.cfg, pace: &rw.pace,
 			attempt: attempt{key: rw.key, ttl: rw.cfg.ttl, data: rw.cfg.data, kind: rw.kind(), shared: true, limit: maxReaders}}
 		l, err := c.lockShared(ctx, cl, name, try)
 

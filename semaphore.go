@@ -32,8 +32,7 @@ type Semaphore struct {
 	cfg config
 	err error // invalid key, n or options
 
-	pace pacing // where the last wait's polls ended
-	seen seen   // the key's token counter as last seen
+	pace pacing // what its waits and holds taught it (pacer.go)
 }
 
 // NewSemaphore returns a Semaphore of n permits on key. Options given here
@@ -89,7 +88,7 @@ func (s *Semaphore) acquire(ctx context.Context, name string, try bool) (*Lease,
 	case ctx.Err() != nil:
 		return nil, keyError("acquire", s.key, ctx.Err())
 	}
-	cl := claim{lk: s, cfg: &s.cfg, pace: &s.pace, seen: &s.seen,
+	cl := claim{lk: s, cfg: &s.cfg, pace: &s.pace,
 		attempt: attempt{key: s.key, ttl: s.cfg.ttl, data: s.cfg.data, kind: semKind(s.n), shared: true, limit: s.n}}
 	l, err := s.c.lockShared(ctx, cl, name, try)
 	if err != nil {

@@ -13,45 +13,31 @@ import (
 // when ctx ended, the Client closed, the key is held (with try) or the
 // server failed in a way that waiting will not mend.
 //
-// A call that must wait queues in the key's document (docs/design.md has the
-// design): it registers with the next queue number, and from then on
-// only the head of the queue, the registered waiter with no waiter
-// registered before it, may take the key; an unregistered attempt takes a
-// free key only while no one is registered. So a Client that unlocks and
-// locks again goes behind those already waiting. The registration is kept
-// alive by the extender like a lease; the acquire that takes the key ends
-// it, and a call that gives up removes it. Waiters whose Clients stopped
-// extending their registrations (and, for an RWMutex's writer, shared
-// holds whose owners stopped extending them) are cleared by their epochs
-// (see entryWatch), so a crashed waiter holds up the queue for at most its
-// TTL. A Lock whose primitive waited less than a TTL ago registers at
-// once; otherwise it first tries to take the key, one command when the key
-// is free.
+// A call that must wait queues in the key's document (docs/fairness.md):
+// it registers with the next queue number, and only the head of the queue
+// may take the key; an unregistered attempt takes a free key only while no
+// one is registered. Registrations are extended like leases, and those
+// whose Clients stopped extending them are reaped (entryWatch), so a
+// crashed waiter holds up the queue for at most its TTL. A TryLock never
+// queues. All the attempts of one call carry one hold id, so a retry after
+// an unanswered attempt finds that attempt's hold its own.
 //
-// A Lock whose Mutex's last Unlock kept its hold (keep.go) first takes
-// that hold over, with no command (a hold another Mutex of the key kept
-// for itself is handed over by one write, as a local handoff is). A wait
-// that adopted a requeued registration sends no command until its turn is
-// due (woken earlier, as maxSleep may wake it, it polls as other waits
-// do), then acquire attempts, whatever its place as last seen (pacer.go);
-// after turnRetries early ones, or any other failure, it polls as other
-// waits do. The head polls with acquire attempts, one command that takes
-// the key when it is free; the waiters behind it poll by reading the
-// document, to learn when they are at the head. All the attempts of one
-// call carry one hold id, so a retry after an unanswered attempt finds
-// that attempt's hold its own. The head also reads the record to start a
-// watch on the holder's revision, when a wait outlasts its first poll (a
-// TryLock reads at once), again when that watch says the revision may be
-// taken over, and, while the Lock span is recorded and has named fewer
-// than maxHeldEvents holders, after the failed polls numbered 1, 2, 4, 8
-// and so on, to name each new holder in it: a traced wait of n polls
-// spends at most log2(n) reads more. A read that shows the key takeable is
-// followed by an attempt at once, but only once: if that attempt fails too
-// (a lagging read), the next waits for the poll. A TryLock never queues.
+// The steps:
+//  1. Take over what the last Unlock left: a kept hold, with no command,
+//     or a requeued registration (resumeKept).
+//  2. A round at a time: register (join); or send what the schedule says
+//     (pacer.go), an acquire attempt (attemptOnce) or a read (read). The
+//     head attempts, the waiters behind it read to learn when they are at
+//     the head, and a planned wait attempts once its turn is due.
+//  3. Act on what the round saw (settle). A read that shows the key
+//     takeable is followed by an attempt at once, but only once.
+//  4. Sleep as long as the schedule says, capped by the watches (pause).
 //
-// The steps: 1. take over what the last Unlock left (resumeKept); then, a
-// round at a time, 2. register (join), attempt (attemptOnce) or read,
-// 3. act on what it saw (settle), 4. wait for the next round (pause).
+// Besides the schedule's reads, the wait reads to start a watch on the
+// holder's revision once it outlasts its first poll (a TryLock at once),
+// when that watch says the holder may be taken over, and, while its Lock
+// span is recorded, after the failed polls numbered 1, 2, 4, 8 and so on,
+// to name each new holder: at most log2(n) reads more for n polls.
 func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, error) {
 	x := c.newExclusiveWait(ctx, cl, try)
 	if l, err, done := x.resumeKept(); done {
