@@ -67,6 +67,7 @@ type pacing struct {
 	hold    time.Duration // guarded by mu: how long its last hold lasted, from the Lock's return to the Unlock (keep.go)
 	batch   time.Time     // guarded by mu: when the acquire was sent that began its last run of holds (keep.go)
 	kept    bool          // guarded by mu: its last Lock took a hold its Unlock kept (keep.go)
+	late    int           // guarded by mu: requeued waits in a row whose first attempt failed (tookTurn)
 
 	freed    sighting  // guarded by mu: when the last Unlock sent the write that freed the key, and the counter as it left it; zero if it kept the hold (planHead)
 	unlocked time.Time // guarded by mu: when the last Unlock returned (requeue.go)
@@ -75,7 +76,7 @@ type pacing struct {
 
 // sawToken records the key's token counter t, seen at now, and updates
 // the estimate of how often the key changes hands (a moving average).
-// Tokens also count shared holds and raises: the estimate only paces
+// Tokens also count shared holds and spares: the estimate only paces
 // polls.
 func (p *pacing) sawToken(t Token, now time.Time) {
 	p.mu.Lock()
@@ -144,18 +145,21 @@ func (p *pacing) queueGuess() int64 {
 // (docs/fairness.md prices it).
 const queueSlack = 64
 
+// sawQueue records the key's queue counter q.
 func (p *pacing) sawQueue(q int64) {
 	p.mu.Lock()
 	p.queue = q
 	p.mu.Unlock()
 }
 
+// start returns the backoff of a wait that begins at now (lastWait).
 func (p *pacing) start(now time.Time, cfg *config) poller {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.last.start(now, cfg)
 }
 
+// ended notes that a wait whose backoff had reached interval ended at now.
 func (p *pacing) ended(interval time.Duration, now time.Time) {
 	p.mu.Lock()
 	p.last = lastWait{interval: interval, at: now}
@@ -174,19 +178,19 @@ type schedule struct {
 	cfg   *config // the primitive's
 	rules pacer
 	polls *poller   // the backoff, from the first pause on
-	plan  turnPlan  // a requeued wait's schedule, or that of a head that saw its hold begin
+	plan  turnPlan  // a requeued wait's plan, or that of a head that saw its hold begin
 	last  sighting  // the key's token counter as this wait (or the Unlock before it) last saw it
 	an    anchor    // the wait's registration, on the server's clock and this Client's (heldSince)
 	eta   time.Time // behind two or more waiters: when about one is left, estimated; zero for no estimate
 }
 
-// exclusive returns the pacing of an exclusive wait of the primitive,
+// exclusive returns the schedule of an exclusive wait of the primitive,
 // paced by rules.
 func (p *pacing) exclusive(cfg *config, rules pacer) schedule {
 	return schedule{p: p, cfg: cfg, rules: rules, last: p.takeFreed()}
 }
 
-// shared returns the pacing of a shared wait: plain backoff, resumed
+// shared returns the schedule of a shared wait: plain backoff, resumed
 // where the primitive's last wait left it (lastWait).
 func (p *pacing) shared(cfg *config, rules pacer) schedule {
 	return schedule{p: p, cfg: cfg, rules: rules}
@@ -543,13 +547,16 @@ func turnRetry(u time.Duration, cfg *config) time.Duration {
 
 // miss notes that an attempt sent at sent found the key not yet the
 // wait's, at now; after turnRetries of them the plan ends. The next
-// attempt is a retry interval later.
+// attempt waits the retry interval, and at least the round trip of this
+// one: waiters that all aimed early must not fill a server that runs one
+// command at a time with misses, or the holder's own commands queue
+// behind them and every turn is late.
 func (tp *turnPlan) miss(sent, now time.Time) {
 	if tp.head && sent.Before(tp.next) {
 		return // sent early, at the maximum backoff: the plan stands
 	}
 	tp.failed++
-	tp.next = now.Add(tp.retry)
+	tp.next = now.Add(max(tp.retry, now.Sub(sent)))
 	if tp.head {
 		tp.retry *= 2 // see planHead
 	}
@@ -564,8 +571,9 @@ func (tp *turnPlan) miss(sent, now time.Time) {
 // hold (busy), whichever is more: the pull towards the hold is what keeps
 // a queue of waiters that all aim late from settling in a slow rhythm, as
 // each one's wait would show the others' lateness. A first attempt that
-// failed moves the aim later, by half a retry interval, but never past a
-// retry interval before when this wait took the key.
+// failed moves the aim later, by half a retry interval, doubled for each
+// such wait in a row, but never past a retry interval before when this
+// wait took the key.
 //
 // With one waiter ahead (two Clients taking turns), the turn is the other
 // Client's hold plus the time it took to come, so the steps are smaller
@@ -588,12 +596,14 @@ func (p *pacing) tookTurn(tp turnPlan, now time.Time) {
 		} else {
 			u -= max(step/2, (u-p.busy)/2)
 		}
+		p.late = 0
 	} else { // later, but not later than it took the key
 		ceil := (now.Sub(tp.joined) - tp.retry) / k // at the last attempt that failed, about
 		if tp.k == 1 {
 			ceil = now.Sub(tp.joined)
 		}
-		u = max(u, min(u+step, ceil))
+		u = max(u, min(u+step<<min(p.late, 8), ceil))
+		p.late++
 	}
 	p.turn = max(u, time.Microsecond)
 }

@@ -156,6 +156,25 @@ func TestTookTurn(t *testing.T) {
 		p.tookTurn(tp, tp.next.Add(time.Millisecond))
 		assert.Equal(t, 10700*time.Microsecond-tp.retry/16, p.turn)
 	})
+	t.Run("failed waits in a row: each step twice the last", func(t *testing.T) {
+		p := pacing{turn: 10 * time.Millisecond, busy: 10 * time.Millisecond}
+		far := joined.Add(time.Hour) // took the key long after: no ceiling
+		for i := range 3 {
+			before := p.turn
+			tp := p.planTurn(joined, k, 10*time.Millisecond, &cfg)
+			tp.miss(tp.next, tp.next)
+			p.tookTurn(tp, far)
+			assert.Equal(t, tp.retry/2/k<<i, p.turn-before, "wait %d: half a retry interval, doubled %d times", i, i)
+		}
+	})
+	t.Run("a retry waits at least the missed attempt's round trip", func(t *testing.T) {
+		p := pacing{turn: 10 * time.Millisecond}
+		tp := p.planTurn(joined, k, 10*time.Millisecond, &cfg)
+		require.Less(t, tp.retry, 5*time.Millisecond)
+		sent := tp.next
+		tp.miss(sent, sent.Add(5*time.Millisecond))
+		assert.Equal(t, sent.Add(10*time.Millisecond), tp.next, "the answer came after 5 ms: 5 ms more")
+	})
 	t.Run("first attempt failed: later, not past when it took the key", func(t *testing.T) {
 		p := pacing{turn: 10 * time.Millisecond, busy: 10 * time.Millisecond}
 		tp := p.planTurn(joined, k, 10*time.Millisecond, &cfg)
