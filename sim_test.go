@@ -1226,7 +1226,9 @@ func TestSimulationCatchesFlaws(t *testing.T) {
 				return r.Owner == "" && !r.Raw && r.Rev == d.rev && r.Token == d.token
 			}
 		}, MaxClockDrift, simRW, 3000, churn},
-		{"a shared acquire joins a raw record (Semaphore)", noFlaw, func(l *simLink) { l.sharedJoinsRaw = true }, MaxClockDrift, simSem, 10000, churn},
+		// Caught after about 2,200 runs on average (435 to 5,918 in eight
+		// tries): a budget of 10,000 misses it about one time in a hundred.
+		{"a shared acquire joins a raw record (Semaphore)", noFlaw, func(l *simLink) { l.sharedJoinsRaw = true }, MaxClockDrift, simSem, 50000, churn},
 		{"a Semaphore allows a permit more than n", flawSharedOverLimit, nil, MaxClockDrift, simSem, 3000, nil},
 		{"shared holds cleared without waiting out their TTL (RWMutex)", flawReapLive, nil, MaxClockDrift, simRW, 3000, nil},
 		{"permits cleared without waiting out their TTL (Semaphore)", flawReapLive, nil, MaxClockDrift, simSem, 3000, nil},
