@@ -130,7 +130,7 @@ func newClientOn(newStore func(*telemetry) store, opts ...Option) (*Client, erro
 		return nil, fmt.Errorf("dlock: telemetry: %w", err)
 	}
 	c := &Client{
-		cfg: cfg, owner: cfg.owner, clock: clock(systemClock{}), pacer: pacer(rulesPacer{}), tel: tel,
+		cfg: cfg, owner: cfg.owner, clock: systemClock{}, pacer: rulesPacer{}, tel: tel,
 		slots: map[string]*slot{}, leftovers: map[string]*leftover{}, readers: map[string]*readers{}, closing: make(chan struct{}),
 		observations: map[string]*observation{},
 	}

@@ -114,15 +114,6 @@ func (p *pacing) period(now time.Time, ttl time.Duration) time.Duration {
 	return p.every
 }
 
-// contended reports whether the primitive's last wait ended less than a
-// TTL before now: a Lock then registers in the queue at once, rather than
-// spending a command on an attempt that is likely to fail.
-func (p *pacing) contended(now time.Time, cfg *config) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return !p.last.at.IsZero() && now.Sub(p.last.at) < cfg.ttl
-}
-
 // queueGuess is the queue counter to register with: the one last seen,
 // plus queueSlack. A registration takes the number after its guess if the
 // counter is at most the guess, so the slack lets it through when up to
@@ -199,7 +190,11 @@ func (p *pacing) shared(cfg *config, rules pacer) schedule {
 // contended reports whether the wait registers in the queue at once,
 // before any attempt: the primitive's last wait ended less than a TTL
 // before now, so an attempt would likely fail.
-func (s *schedule) contended(now time.Time) bool { return s.p.contended(now, s.cfg) }
+func (s *schedule) contended(now time.Time) bool {
+	s.p.mu.Lock()
+	defer s.p.mu.Unlock()
+	return !s.p.last.at.IsZero() && now.Sub(s.p.last.at) < s.cfg.ttl
+}
 
 // spares reports whether the wait's attempts as a registered waiter
 // reserve a spare token for a keep (keep.go).
@@ -365,8 +360,9 @@ func (p *pacing) batchSince(from time.Time) time.Time {
 	return from
 }
 
-// keeping reports whether an Unlock of a hold that its Lock had
-// to wait for, keeps the hold (see the file's comment).
+// keeping reports whether an Unlock under contention keeps its hold for
+// the primitive's next Lock: when the hold was short, and was not itself
+// a kept one (keep.go).
 func (p *pacing) keeping(cfg *config) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
