@@ -392,3 +392,65 @@ func TestSharedRecreationTokens(t *testing.T) {
 		}
 	})
 }
+
+// A write of a hold that lands after its key's document was pruned and
+// created anew matches nothing in the new document, even a hold of the
+// same Client whose raw counter shows the old hold's token: a hold is
+// named by its owner and hold id, never by its token alone. Otherwise the
+// late release would free the new hold and let another Client take the
+// key while the new hold's lease is valid; a late requeue would leave a
+// phantom registration, a late handoff would move the new hold, a late
+// setData would replace an Election's value.
+func TestLateWriteFromEarlierLife(t *testing.T) {
+	type lateWrite func(ctx context.Context, s store, old leaseRef) error
+	next := func(old leaseRef) attempt {
+		return attempt{key: old.key, owner: old.owner, hold: old.hold + 100, ttl: old.ttl}
+	}
+	for name, write := range map[string]lateWrite{
+		"release": func(ctx context.Context, s store, old leaseRef) error { return s.release(ctx, old) },
+		"requeue": func(ctx context.Context, s store, old leaseRef) error {
+			_, err := s.requeue(ctx, old, next(old))
+			return err
+		},
+		"handoff": func(ctx context.Context, s store, old leaseRef) error {
+			_, err := s.handoff(ctx, old, next(old))
+			return err
+		},
+		"setData": func(ctx context.Context, s store, old leaseRef) error { return s.setData(ctx, old, []byte("late")) },
+		"extend": func(ctx context.Context, s store, old leaseRef) error {
+			ok, err := s.extend(ctx, []leaseRef{old})
+			if err == nil && !ok[0] {
+				err = errNotOwner
+			}
+			return err
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, sp space) {
+				ctx := context.Background()
+				c, other := sp.client(t), sp.client(t)
+				m := c.NewMutex("k")
+				require.NoError(t, m.Lock(ctx)) // a new deployment: floor 0, token 1
+				m.Lease().settle(ctx)           // its base written: its writes are no longer raw
+				old := m.Lease().ref()
+				require.False(t, old.raw)
+				require.NoError(t, m.Unlock(ctx))
+				n, err := c.Prune(ctx, 0)
+				require.NoError(t, err)
+				require.Equal(t, 1, n)
+
+				require.NoError(t, m.Lock(ctx)) // the key's next life: raw, its counter at 1 again
+				before := sp.read(t, "k")
+				require.True(t, before.Raw)
+				require.Equal(t, old.token, before.Token, "the new counter shows the old hold's token")
+
+				assert.ErrorIs(t, write(ctx, c.store, old), errNotOwner, "the late write matched the new hold")
+				after := sp.read(t, "k")
+				assert.Equal(t, describe(before), describe(after), "the late write changed the document")
+				assert.ErrorIs(t, other.NewMutex("k").TryLock(ctx), ErrLocked)
+				assert.NoError(t, m.Lease().Err())
+				require.NoError(t, m.Unlock(ctx))
+			})
+		})
+	}
+}

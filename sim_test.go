@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -43,6 +44,12 @@ type netFault struct {
 	up, down  time.Duration // delays before and after it applies
 	lostReq   bool          // it never reaches the store
 	lostReply bool          // it applies, its reply never comes
+	// nextLife: a write of a hold is held back until the key's document
+	// has been created anew (deleted by Prune) by an acquire of the same
+	// Client, and lands then: a write from an earlier life of the key,
+	// beside the Client's hold of the new one. One that no such life
+	// meets before the horizon is lost.
+	nextLife bool
 }
 
 // simLink is one Client's network to the store: each request takes the
@@ -57,12 +64,18 @@ type simLink struct {
 	faults  []netFault         // guarded by mu
 	next    int                // guarded by mu
 	crashed bool               // guarded by mu
+	late    bool               // guarded by mu: the next write of a hold is a nextLife fault
 
 	// Flawed stores (the store's writes, as the real code sends them,
 	// made unconditional where they must not be).
 	releaseAnyToken bool // release frees the key if the owner matches, whatever the token
-	abandonAnyHold  bool // abandon frees the key if the owner matches, whatever the hold
-	sharedJoinsRaw  bool // a shared acquire joins a raw record that has a shared hold already
+	// namesByToken: the writes of an exclusive hold that wrote its base
+	// name it by its owner and token rather than by its owner and hold
+	// id, and so match a hold of a later life of the key whose raw
+	// counter shows that token.
+	namesByToken   bool
+	abandonAnyHold bool // abandon frees the key if the owner matches, whatever the hold
+	sharedJoinsRaw bool // a shared acquire joins a raw record that has a shared hold already
 	// floorBeforeCreate: floor answers the floor as it was when this
 	// link's last acquire was sent, before the acquire could create the
 	// record (a floor read made before the creation, however fresh).
@@ -89,9 +102,10 @@ type simLink struct {
 	lateDelete int
 	writes     *atomic.Int64
 
-	net  *sync.WaitGroup // requests in flight, waited for at the end of a run
-	k    *simChecker     // told of every extension, to check none extends a lease being released
-	name string
+	net   *sync.WaitGroup // requests in flight, waited for at the end of a run
+	k     *simChecker     // told of every extension, to check none extends a lease being released
+	name  string
+	owner string // its Client's owner, set before the Client sends anything
 }
 
 var errSimNetwork = fmt.Errorf("%w (simulated)", errUnreachable)
@@ -105,12 +119,23 @@ var simTrace = os.Getenv("DLOCK_SIM_TRACE") != ""
 // whatever became of the caller meanwhile (a late write, as from a real
 // network); the caller waits for the reply or for its ctx to end.
 func send[T any](l *simLink, ctx context.Context, apply func(ctx context.Context) (T, error)) (T, error) {
+	return sendAs(l, ctx, false, apply)
+}
+
+// sendAs is send; ofHold says that the request is a write of a hold
+// (extend, release, requeue, handoff, setData), which a nextLife fault
+// holds back until the key's next life.
+func sendAs[T any](l *simLink, ctx context.Context, ofHold bool, apply func(ctx context.Context) (T, error)) (T, error) {
 	var zero T
 	l.mu.Lock()
 	f := netFault{}
 	if len(l.faults) > 0 {
 		f = l.faults[l.next%len(l.faults)]
 		l.next++
+	}
+	var life <-chan struct{} // closed when the key's document is next created
+	if (f.nextLife || l.late) && ofHold {
+		life, l.late = l.k.nextLife(l.owner), false
 	}
 	lost := l.crashed || f.lostReq
 	for _, c := range l.cuts {
@@ -132,6 +157,13 @@ func send[T any](l *simLink, ctx context.Context, apply func(ctx context.Context
 		go func() {
 			defer l.net.Done()
 			time.Sleep(f.up)
+			if life != nil {
+				select {
+				case <-life:
+				case <-time.After(simHorizon - time.Since(l.t0)):
+					return // lost
+				}
+			}
 			v, err := apply(context.Background()) // the server does not see the caller's ctx
 			if simTrace {
 				fmt.Printf("%v %s: %T %+v %v\n", time.Since(time.Unix(946684800, 0)), l.name, apply, v, err)
@@ -157,6 +189,13 @@ func (l *simLink) cut(d time.Duration) {
 	defer l.mu.Unlock()
 	now := time.Since(l.t0)
 	l.cuts = append(l.cuts, [2]time.Duration{now, now + d})
+}
+
+// lateNext makes the next write of a hold a nextLife fault.
+func (l *simLink) lateNext() {
+	l.mu.Lock()
+	l.late = true
+	l.mu.Unlock()
 }
 
 func (l *simLink) isCrashed() bool {
@@ -199,10 +238,17 @@ func (l *simLink) acquire(ctx context.Context, a attempt, takeover stamp) (recor
 	})
 }
 
-// unbased is ref as baseNeverWritten sends it: a raw ref's base is the
-// record's counter as it is, so the write unsets raw and leaves the
-// counter below the hold's token.
+// unbased is ref as the flawed stores send it: with namesByToken, an
+// exclusive ref that wrote its base names the hold that has its owner and
+// token; with baseNeverWritten, a raw ref's base is the record's counter
+// as it is, so the write unsets raw and leaves the counter below the
+// hold's token.
 func (l *simLink) unbased(ref leaseRef) leaseRef {
+	if l.namesByToken && ref.role == roleExclusive && !ref.raw {
+		if r := l.current(ref.key, ref.owner); r.Token == ref.token {
+			ref.hold = r.Hold
+		}
+	}
 	if l.baseNeverWritten && ref.raw {
 		l.st.mu.Lock()
 		ref.token = l.st.records[ref.key].Token
@@ -213,7 +259,7 @@ func (l *simLink) unbased(ref leaseRef) leaseRef {
 
 func (l *simLink) handoff(ctx context.Context, ref leaseRef, next attempt) (record, error) {
 	sent := time.Now()
-	return send(l, ctx, func(ctx context.Context) (record, error) {
+	return sendAs(l, ctx, true, func(ctx context.Context) (record, error) {
 		r, err := l.st.handoff(ctx, l.unbased(ref), next)
 		if err == nil {
 			l.k.wrote(next.holdKey(), sent)
@@ -225,7 +271,7 @@ func (l *simLink) handoff(ctx context.Context, ref leaseRef, next attempt) (reco
 func (l *simLink) extend(ctx context.Context, refs []leaseRef) ([]bool, error) {
 	l.k.extending(refs)
 	sent := time.Now()
-	return send(l, ctx, func(ctx context.Context) ([]bool, error) {
+	return sendAs(l, ctx, true, func(ctx context.Context) ([]bool, error) {
 		sentRefs := make([]leaseRef, len(refs))
 		for i, ref := range refs {
 			sentRefs[i] = l.unbased(ref)
@@ -241,7 +287,7 @@ func (l *simLink) extend(ctx context.Context, refs []leaseRef) ([]bool, error) {
 }
 
 func (l *simLink) release(ctx context.Context, ref leaseRef) error {
-	_, err := send(l, ctx, func(ctx context.Context) (struct{}, error) {
+	_, err := sendAs(l, ctx, true, func(ctx context.Context) (struct{}, error) {
 		if l.releaseAnyToken {
 			ref.token = l.current(ref.key, ref.owner).Token
 		}
@@ -251,7 +297,7 @@ func (l *simLink) release(ctx context.Context, ref leaseRef) error {
 }
 
 func (l *simLink) requeue(ctx context.Context, ref leaseRef, next attempt) (record, error) {
-	return send(l, ctx, func(ctx context.Context) (record, error) {
+	return sendAs(l, ctx, true, func(ctx context.Context) (record, error) {
 		if l.releaseAnyToken {
 			ref.token = l.current(ref.key, ref.owner).Token
 		}
@@ -260,14 +306,14 @@ func (l *simLink) requeue(ctx context.Context, ref leaseRef, next attempt) (reco
 }
 
 func (l *simLink) setData(ctx context.Context, ref leaseRef, data []byte) error {
-	_, err := send(l, ctx, func(ctx context.Context) (struct{}, error) {
+	_, err := sendAs(l, ctx, true, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, l.st.setData(ctx, l.unbased(ref), data)
 	})
 	return err
 }
 
 func (l *simLink) releaseAll(ctx context.Context, refs []leaseRef) error {
-	_, err := send(l, ctx, func(ctx context.Context) (struct{}, error) {
+	_, err := sendAs(l, ctx, true, func(ctx context.Context) (struct{}, error) {
 		sentRefs := make([]leaseRef, len(refs))
 		for i, ref := range refs {
 			sentRefs[i] = l.unbased(ref)
@@ -414,6 +460,7 @@ type simOp struct {
 	cut     time.Duration // a partition that starts as soon as it holds
 	unlock  time.Duration // the Unlock's ctx: a short one leaves the release in flight
 	prune   bool          // the Client prunes (idle 0) after its Unlock
+	late    bool          // the Unlock's first write lands in the key's next life (netFault.nextLife)
 	read    bool          // simRW: RLock rather than Lock
 }
 
@@ -496,6 +543,8 @@ func drawSimPlan(t *rapid.T, drift float64, mode simMode) simPlan {
 				f.lostReq = true
 			case x < loss:
 				f.lostReply = true
+			case x < loss+3:
+				f.nextLife = true
 			case x < loss+40:
 				f.up = scale("up", 0, time.Millisecond, 100*time.Millisecond, time.Second, 3*time.Second)
 				f.down = scale("down", 0, time.Millisecond, 100*time.Millisecond, time.Second, 3*time.Second)
@@ -526,6 +575,7 @@ func drawSimPlan(t *rapid.T, drift float64, mode simMode) simPlan {
 			op.crash = rapid.IntRange(0, 15).Draw(t, "crash") == 0
 			op.unlock = scale("unlockTimeout", 10*time.Millisecond, time.Second, simClientTTL)
 			op.prune = eager || rapid.IntRange(0, 3).Draw(t, "pruneAfterUnlock") == 0
+			op.late = rapid.IntRange(0, 7).Draw(t, "lateUnlock") == 0
 			op.read = p.mode == simRW && rapid.IntRange(0, 2).Draw(t, "read") > 0
 			if rapid.IntRange(0, 3).Draw(t, "cutWhileHolding") == 0 {
 				op.cut = scale("cutFor", simClientTTL/2, simClientTTL, 3*simClientTTL)
@@ -584,6 +634,9 @@ type simChecker struct {
 	pruned    int
 	queued    int // new exclusive holds made while another waiter was registered (queueOrder)
 
+	lifeMu sync.Mutex
+	life   map[string]chan struct{} // guarded by lifeMu: by owner, closed when that owner's acquire next creates the key's document
+
 	// queue is, per key, each registered waiter (by hold key) and the set
 	// of waiters registered before it that are still registered: see
 	// queueOrder. Guarded by the store's mu (the store's observe hook
@@ -604,6 +657,16 @@ type simChecker struct {
 // record: it writes nothing (acquire checks that each hold of the record
 // serves at most two Locks).
 func (k *simChecker) queueOrder(key string, before, after record) {
+	if before.Rev == 0 && after.Rev != 0 { // created: a new life of the key
+		k.lifeMu.Lock()
+		for owner, ch := range k.life {
+			if after.Owner == owner || slices.ContainsFunc(slices.Collect(maps.Values(after.Shared)), func(e entry) bool { return e.Owner == owner }) {
+				close(ch)
+				delete(k.life, owner)
+			}
+		}
+		k.lifeMu.Unlock()
+	}
 	if after.Rev == 0 { // deleted (by Prune)
 		if !before.prunable() {
 			k.mu.Lock()
@@ -655,6 +718,17 @@ func (k *simChecker) queueOrder(key string, before, after record) {
 			q[w] = ahead
 		}
 	}
+}
+
+// nextLife returns a channel closed when owner's acquire next creates
+// the key's document (the simulation locks one key).
+func (k *simChecker) nextLife(owner string) <-chan struct{} {
+	k.lifeMu.Lock()
+	defer k.lifeMu.Unlock()
+	if k.life[owner] == nil {
+		k.life[owner] = make(chan struct{})
+	}
+	return k.life[owner]
 }
 
 type simHold struct {
@@ -807,7 +881,7 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 		fmt.Printf("=== sim run (mode %d)\n", plan.mode)
 	}
 	synctest.Test(t, func(t *testing.T) {
-		k := &simChecker{mode: plan.mode, releasing: map[Token]time.Time{}, lastWrite: map[string]time.Time{}, queue: map[string]map[string]map[string]bool{}}
+		k := &simChecker{life: map[string]chan struct{}{}, mode: plan.mode, releasing: map[Token]time.Time{}, lastWrite: map[string]time.Time{}, queue: map[string]map[string]map[string]bool{}}
 		st := newMemStore()
 		var writes atomic.Int64
 		st.observe = func(key string, before, after record) {
@@ -844,6 +918,7 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 				k.fail("%v", err)
 				return
 			}
+			link.owner = c.owner
 			clients = append(clients, c)
 			mutexes := make([]simLocker, cp.mutexes)
 			for i := range mutexes {
@@ -928,6 +1003,9 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 						uctx, ucancel := context.WithTimeout(context.Background(), op.unlock)
 						if !op.read {
 							k.unlocking(l.ref().token) // (an RUnlock need not release)
+						}
+						if op.late {
+							link.lateNext()
 						}
 						m.unlock(uctx, op, l)
 						ucancel()
@@ -1121,6 +1199,9 @@ func TestSimulation(t *testing.T) {
 		runs++
 		plan := drawSimPlan(rt, MaxClockDrift, simAny)
 		plan.pacer = drawPacer(rt)
+		if rapid.IntRange(0, 3).Draw(rt, "lives") == 0 {
+			lives(&plan)
+		}
 		failure, stats := runSim(t, plan, noFlaw, nil)
 		holds, writes, pruned, queued, simulated = holds+stats.holds, writes+stats.writes, pruned+stats.pruned, queued+stats.queued, simulated+stats.simulated
 		if failure != "" {
@@ -1159,6 +1240,29 @@ func churn(p *simPlan) {
 		for j := range p.clients[i].ops {
 			p.clients[i].ops[j].prune = true
 		}
+	}
+}
+
+// lives makes a run re-create its key's document often (churn), with
+// two Clients whose holds last long enough to write their base and to be
+// waited for, and whose first Unlock's first write lands in the key's
+// next life (a raw record's counter starts again at 1 in each life: the
+// first life's first holds are the ones whose tokens come back). The flaws that let a write of one
+// life match a hold of the next show there.
+func lives(p *simPlan) {
+	churn(p)
+	p.clients = p.clients[:2] // the Client of the late write creates the next life more often
+	for i := range p.prunes {
+		p.prunes[i].client = min(p.prunes[i].client, -1+len(p.clients))
+	}
+	for i := range p.clients {
+		for j := range p.clients[i].ops {
+			op := &p.clients[i].ops[j]
+			op.try, op.timeout, op.hold = false, 3*simClientTTL, max(op.hold, simClientTTL/2) // the other Client waits while one holds
+			op.crash = false
+		}
+		p.clients[i].closeAt = 0 // both Clients stay until the end
+		p.clients[i].ops[0].late = true
 	}
 }
 
@@ -1210,6 +1314,7 @@ func TestSimulationCatchesFlaws(t *testing.T) {
 		{"clean-up not conditional on the hold (the late abandon)", noFlaw, func(l *simLink) { l.abandonAnyHold = true }, MaxClockDrift, simMutex, 3000, nil},
 		{"deadline counted from the reply", flawDeadlineFromReply, nil, MaxClockDrift, simMutex, 3000, nil},
 		{"release not conditional on the token", noFlaw, func(l *simLink) { l.releaseAnyToken = true }, MaxClockDrift, simMutex, 10000, nil},
+		{"a hold named by its owner and token (a late write from an earlier life)", noFlaw, func(l *simLink) { l.namesByToken = true }, MaxClockDrift, simMutex, 10000, lives},
 		{"clocks drifting at ten times the bound", noFlaw, nil, 10 * MaxClockDrift, simMutex, 3000, nil},
 		{"prune deletes without raising the floor", noFlaw, func(l *simLink) { l.floorNeverRaised = true }, MaxClockDrift, simMutex, 3000, nil},
 		{"lock reads the floor before creating the document", noFlaw, func(l *simLink) { l.floorBeforeCreate = true }, MaxClockDrift, simMutex, 3000, churn},

@@ -54,18 +54,17 @@ type entry struct {
 func (r record) free() bool { return r.Owner == "" && len(r.Shared) == 0 }
 
 // holds reports whether ref holds r (or, for a waiter's registration,
-// is registered in it).
+// is registered in it), by the name of the hold, which never repeats: an
+// exclusive hold by its owner and hold id, a shared hold by its key in
+// Shared, which names the same two. A token alone would not do: a raw
+// record's counter starts again in each life of a key, so a hold of an
+// earlier life can have the token that a new raw record's counter shows
+// (docs/design.md, "The conditional writes").
 func (r record) holds(ref leaseRef) bool {
-	if ref.role == roleExclusive && ref.raw {
+	if ref.role == roleExclusive {
 		return r.Owner == ref.owner && r.Hold == ref.hold
 	}
-	if ref.role == roleExclusive {
-		return r.Owner == ref.owner && r.Token == ref.token
-	}
 	e, ok := r.entries(ref.role)[holdKey(ref.owner, ref.hold)]
-	if ref.raw {
-		return ok
-	}
 	if ref.role == roleWaiter {
 		// A registration's token is its queue number. A wait whose
 		// registration was cleared (by a waiter behind it, while its
@@ -75,7 +74,7 @@ func (r record) holds(ref leaseRef) bool {
 		// would put the old number, and the old place, back).
 		return ok && Token(e.Q) == ref.token
 	}
-	return ok && e.Token == ref.token
+	return ok && (ref.raw || e.Token == ref.token)
 }
 
 // queueOpen reports whether the registered waiters let attempt a take the

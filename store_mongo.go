@@ -258,33 +258,25 @@ var (
 	upsertAfter = options.FindOneAndUpdate().SetReturnDocument(options.After).SetUpsert(true)
 )
 
-// heldByToken matches the record while ref, not raw, holds it (or, for a
-// writer's registration, while it is registered: see record.holds).
-func heldByToken(ref leaseRef) bson.D {
-	switch ref.role {
-	case roleShared:
-		return bson.D{{Key: "_id", Value: ref.key}, {Key: path(fH, holdKey(ref.owner, ref.hold), eToken), Value: int64(ref.token)}}
-	case roleWaiter:
+// held matches the record while ref holds it (record.holds): by the
+// hold's name, which never repeats for a key, and, for a shared hold that
+// has written its base, its token too.
+func held(ref leaseRef) bson.D {
+	id := bson.E{Key: "_id", Value: ref.key}
+	entry := path(sub(ref.role), holdKey(ref.owner, ref.hold))
+	switch {
+	case ref.role == roleExclusive:
+		return bson.D{id, {Key: fOwner, Value: ref.owner}, {Key: fHold, Value: ref.hold}}
+	case ref.role == roleWaiter:
 		// Its string begins with its queue number, its token. A regular
 		// expression, not a range of strings: a collection's default
 		// collation may order ':' and ';' otherwise.
 		q := strconv.FormatInt(int64(ref.token), 10)
-		return bson.D{{Key: "_id", Value: ref.key}, {Key: path(fW, holdKey(ref.owner, ref.hold)), Value: bson.D{{Key: "$regex", Value: "^" + q + ":"}}}}
+		return bson.D{id, {Key: entry, Value: bson.D{{Key: "$regex", Value: "^" + q + ":"}}}}
+	case ref.raw: // the entry's t may still be unwritten (leaseRef.raw)
+		return bson.D{id, {Key: entry, Value: bson.D{{Key: "$exists", Value: true}}}}
 	}
-	return bson.D{{Key: "_id", Value: ref.key}, {Key: fOwner, Value: ref.owner}, {Key: fToken, Value: int64(ref.token)}}
-}
-
-// held matches the record while ref holds it (record.holds): for a raw
-// ref by the hold's name, which never repeats, since the counter may
-// still be below ref.token (leaseRef.raw).
-func held(ref leaseRef) bson.D {
-	switch {
-	case ref.raw && ref.role == roleExclusive:
-		return bson.D{{Key: "_id", Value: ref.key}, {Key: fOwner, Value: ref.owner}, {Key: fHold, Value: ref.hold}}
-	case ref.raw && ref.role == roleShared:
-		return bson.D{{Key: "_id", Value: ref.key}, {Key: path(fH, holdKey(ref.owner, ref.hold)), Value: bson.D{{Key: "$exists", Value: true}}}}
-	}
-	return heldByToken(ref)
+	return bson.D{id, {Key: path(entry, eToken), Value: int64(ref.token)}}
 }
 
 // based is update with ref's base added when ref is raw (record.settle):

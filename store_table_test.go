@@ -24,11 +24,14 @@ import (
 func tableStates() map[string]*record {
 	hk := func(o string, h int64) string { return holdKey(o, h) }
 	return map[string]*record{
-		"absent":        nil,
-		"free":          {Token: 3, Rev: 5},
-		"held":          {Owner: "o1", Hold: 7, Token: 3, Rev: 5, TTL: time.Second},
-		"free raw":      {Token: 1, Rev: 2, Raw: true},
-		"held raw":      {Owner: "o1", Hold: 7, Token: 1, Rev: 1, TTL: time.Second, Raw: true},
+		"absent":   nil,
+		"free":     {Token: 3, Rev: 5},
+		"held":     {Owner: "o1", Hold: 7, Token: 3, Rev: 5, TTL: time.Second},
+		"free raw": {Token: 1, Rev: 2, Raw: true},
+		"held raw": {Owner: "o1", Hold: 7, Token: 1, Rev: 1, TTL: time.Second, Raw: true},
+		// The next life of "held"'s key, held by the same owner: its raw
+		// counter shows the token of "held"'s hold (old).
+		"next life":     {Owner: "o1", Hold: 12, Token: 3, Rev: 1, TTL: time.Second, Raw: true},
 		"free waiter":   {Token: 3, Rev: 5, Queue: 1, Waiters: map[string]entry{hk("o2", 9): {Owner: "o2", Hold: 9, TTL: time.Second, Q: 1}}},
 		"rw shared":     {Kind: kindRW, Token: 3, Rev: 5, Shared: map[string]entry{hk("o3", 4): {Owner: "o3", Hold: 4, Token: 3, TTL: time.Second}}},
 		"rw shared raw": {Kind: kindRW, Token: 1, Rev: 1, Raw: true, Shared: map[string]entry{hk("o3", 4): {Owner: "o3", Hold: 4, Token: 1, TTL: time.Second}}},
@@ -78,7 +81,20 @@ func tableWrites() map[string]func(ctx context.Context, s store, key string) (re
 			return s.acquire(ctx, reader(key, 1), stamp{})
 		},
 		"release": func(ctx context.Context, s store, key string) (record, error) {
-			return record{}, s.release(ctx, leaseRef{key: key, owner: "o1", hold: 7, token: 3})
+			return record{}, s.release(ctx, old(key))
+		},
+		"extend": func(ctx context.Context, s store, key string) (record, error) {
+			ok, err := s.extend(ctx, []leaseRef{old(key)})
+			return record{Raw: len(ok) == 1 && ok[0]}, err
+		},
+		"requeue": func(ctx context.Context, s store, key string) (record, error) {
+			return s.requeue(ctx, old(key), attempt{key: key, owner: "o1", hold: 8, ttl: time.Second, queue: 1})
+		},
+		"set data": func(ctx context.Context, s store, key string) (record, error) {
+			return record{}, s.setData(ctx, old(key), []byte("d"))
+		},
+		"hand off": func(ctx context.Context, s store, key string) (record, error) {
+			return s.handoff(ctx, old(key), attempt{key: key, owner: "o1", hold: 8, ttl: time.Second})
 		},
 		"register at 0": func(ctx context.Context, s store, key string) (record, error) {
 			return s.register(ctx, attempt{key: key, owner: "o5", hold: 2, ttl: time.Second})
@@ -111,6 +127,12 @@ func tableWrites() map[string]func(ctx context.Context, s store, key string) (re
 			return record{Raw: ok}, err
 		},
 	}
+}
+
+// old names the hold of the state "held", which wrote its base: in the
+// state "next life" it is a hold of an earlier life of the key.
+func old(key string) leaseRef {
+	return leaseRef{key: key, owner: "o1", hold: 7, token: 3, ttl: time.Second}
 }
 
 // rawRef and rawShared name the holds of the states "held raw" and "rw
