@@ -305,9 +305,10 @@ func WithObserveInterval(d time.Duration) Option {
 
 // MinPruneIdle is the shortest period [WithPruneIdle] accepts, other than
 // 0 (off). Each period costs a scan of at least two commands and gives the
-// scan that long to finish, and every Lock of a key pruned costs two
-// commands more than one of a key kept: a shorter period would spend
-// commands without end, and cut scans short, to prune keys that are
+// scan that long to finish, and the first Lock of a key pruned costs two
+// commands where one of a key kept costs one (a first RLock, Semaphore
+// Acquire or Campaign, three; see [Client.Prune]): a shorter period would
+// spend commands without end, and cut scans short, to prune keys that are
 // wanted again a moment later.
 const MinPruneIdle = time.Second
 
