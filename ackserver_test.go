@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,13 +25,46 @@ import (
 // update statement matches, every findAndModify returns the hold it asked
 // for. Benchmarks run a Client against it to measure the Client's own
 // costs (CPU, memory, commands) apart from the server's. It is no database:
-// nothing is checked, so no test of correctness may use it.
+// nothing is checked, so no test of exclusion, order or tokens may use it.
+// Tests use it for the replies of servers that no CI machine runs, or that
+// no server gives on demand: FerretDB v2's (ferretV2) and a server's
+// deadline (deadlines).
 type ackServer struct {
 	ferretV2 bool // answer as FerretDB v2.7 does where it differs from MongoDB
 	ln       net.Listener
 	wg       sync.WaitGroup
 	mu       sync.Mutex
-	conns    map[net.Conn]struct{}
+	conns    map[net.Conn]struct{} // guarded by mu
+	// deadlines is how many findAndModify commands still to answer as
+	// FerretDB does when it gives up on one at a deadline of its own
+	// (deadlineReply); a negative number answers them all so. Atomic: an
+	// uncontended read on the benchmarks' path.
+	deadlines atomic.Int64
+}
+
+// deadlineReply is FerretDB's reply to a command it gave up on at a
+// deadline of its own, as under load: code 1, InternalError, and a message
+// that ends with the Go context's error (its middle varies with where the
+// server gave up). The command may or may not have applied.
+var deadlineReply = bson.D{
+	{Key: "ok", Value: 0.0},
+	{Key: "errmsg", Value: "(InternalError) [pool.go:129 pool.(*Pool).Get] context deadline exceeded"},
+	{Key: "code", Value: int32(1)}, {Key: "codeName", Value: "InternalError"},
+}
+
+// gaveUp reports whether to answer a findAndModify with deadlineReply, and
+// counts it.
+func (s *ackServer) gaveUp() bool {
+	for {
+		switch n := s.deadlines.Load(); {
+		case n < 0:
+			return true
+		case n == 0:
+			return false
+		case s.deadlines.CompareAndSwap(n, n-1):
+			return true
+		}
+	}
 }
 
 // newAckClient starts an ackServer and returns a collection on it, both
@@ -151,6 +186,8 @@ func (s *ackServer) ack(cmd bson.Raw, statements int) bson.D {
 		return bson.D{{Key: "ok", Value: 0}}
 	}
 	switch name := elems[0].Key(); {
+	case name == "findAndModify" && s.gaveUp():
+		return deadlineReply
 	case s.ferretV2 && name == "findAndModify":
 		// FerretDB v2.7 on an upsert whose filter misses an existing _id:
 		// PostgreSQL's unique violation, unmapped, as code 1.
@@ -226,4 +263,61 @@ func TestFerretDBv2Replies(t *testing.T) {
 	err = c.NewMutex("k").TryLock(ctx)
 	require.ErrorIs(t, err, ErrLocked)
 	assert.False(t, duplicateKey(errors.New("duplicate key value violates unique constraint")), "only a server error with code 1")
+}
+
+// FerretDB under load gives up on a findAndModify at a deadline of its own
+// and answers code 1, InternalError, "... context deadline exceeded"
+// (deadlineReply): like a lost reply, the command may or may not have
+// applied, and sent again it may go through. A Lock retries through it and
+// takes the key; a TryLock reports it as the server's failure, which no
+// check takes for the end of the caller's own context; and a Lock that
+// gets nothing else ends at its context's deadline, with its context's
+// error.
+func TestFerretDBDeadlineReply(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // bounds a Lock that retries for ever
+	defer cancel()
+	s := &ackServer{}
+	c := newClient(t, startAckServer(t, s))
+	s.deadlines.Store(1)
+	m := c.NewMutex("k")
+	require.NoError(t, m.Lock(ctx), "a Lock through one deadline reply")
+	assert.Zero(t, s.deadlines.Load(), "the deadline reply was sent")
+	require.NoError(t, m.Unlock(ctx))
+
+	s.deadlines.Store(1)
+	err := c.NewMutex("k").TryLock(ctx)
+	var se mongo.ServerError
+	require.ErrorAs(t, err, &se)
+	assert.True(t, se.HasErrorCode(1), "code 1: %v", err)
+	assert.NotErrorIs(t, err, ErrLocked)
+	assert.NotErrorIs(t, err, context.DeadlineExceeded, "the server's deadline is not the caller's")
+	require.NoError(t, ctx.Err())
+
+	s.deadlines.Store(-1)
+	short, cancelShort := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancelShort()
+	err = c.NewMutex("k").Lock(short)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Error(t, short.Err(), "the Lock returned at its own deadline")
+}
+
+// transient tells the server's deadline (FerretDB's InternalError whose
+// message is the Go context's error) from other code 1 replies and from a
+// message alone.
+func TestTransientServerDeadline(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"FerretDB's deadline", mongo.CommandError{Code: 1, Name: "InternalError", Message: "(InternalError) [pool.go:129 pool.(*Pool).Get] context deadline exceeded"}, true},
+		{"wrapped", fmt.Errorf("dlock: acquire: %w", mongo.CommandError{Code: 1, Message: "context deadline exceeded"}), true},
+		{"code 1, another message", mongo.CommandError{Code: 1, Name: "InternalError", Message: `(InternalError) duplicate key value violates unique constraint "collection_pk_5"`}, false},
+		{"another code", mongo.CommandError{Code: 2, Name: "BadValue", Message: "context deadline exceeded"}, false},
+		{"the message alone", errors.New("(InternalError) context deadline exceeded"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, transient(tc.err))
+		})
+	}
 }

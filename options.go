@@ -162,6 +162,17 @@ func WithMaxHold(d time.Duration) Option {
 	})
 }
 
+// MinBackoff and MaxBackoff bound the bounds that [WithBackoff] accepts.
+// A min under a millisecond would have a waiter poll a held key about as
+// fast as the server answers (a millisecond is also the resolution of the
+// TTLs and of the time stamps in the lock documents). A max over an hour
+// would leave waiters blind to a free key for longer than that, and keeps
+// 1.5·max, the longest sleep of a wait, far from overflowing a Duration.
+const (
+	MinBackoff = time.Millisecond
+	MaxBackoff = time.Hour
+)
+
 // WithBackoff bounds the jittered exponential backoff between a wait's
 // polls of a held key: it starts near min and doubles up to max, or starts
 // from the interval the primitive's last wait reached, if that wait ended
@@ -170,13 +181,21 @@ func WithMaxHold(d time.Duration) Option {
 // no wait sleeps longer than 1.5·max at a time. min is also how long an
 // Unlock under contention leaves a kept hold or a registration for its
 // Mutex's next Lock. Defaults: [DefaultMinBackoff] and [DefaultMaxBackoff].
+// It needs [MinBackoff] <= min <= max <= [MaxBackoff]; otherwise
+// [NewClient] returns, and the lock's first call reports, an error
+// matching [ErrInvalidOption].
 func WithBackoff(min, max time.Duration) Option {
 	return optionFunc(func(c *config) {
-		if min <= 0 || max < min {
-			c.fail("backoff bounds %v, %v: need 0 < min <= max", min, max)
-			return
+		switch {
+		case min < MinBackoff:
+			c.fail("backoff min %v is under the minimum %v", min, MinBackoff)
+		case max > MaxBackoff:
+			c.fail("backoff max %v is over the maximum %v", max, MaxBackoff)
+		case min > max:
+			c.fail("backoff bounds: min %v is above max %v", min, max)
+		default:
+			c.minBackoff, c.maxBackoff = min, max
 		}
-		c.minBackoff, c.maxBackoff = min, max
 	})
 }
 
@@ -286,9 +305,10 @@ func WithObserveInterval(d time.Duration) Option {
 
 // MinPruneIdle is the shortest period [WithPruneIdle] accepts, other than
 // 0 (off). Each period costs a scan of at least two commands and gives the
-// scan that long to finish, and every Lock of a key pruned costs two
-// commands more than one of a key kept: a shorter period would spend
-// commands without end, and cut scans short, to prune keys that are
+// scan that long to finish, and the first Lock of a key pruned costs two
+// commands where one of a key kept costs one (a first RLock, Semaphore
+// Acquire or Campaign, three; see [Client.Prune]): a shorter period would
+// spend commands without end, and cut scans short, to prune keys that are
 // wanted again a moment later.
 const MinPruneIdle = time.Second
 

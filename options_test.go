@@ -2,6 +2,7 @@ package dlock
 
 import (
 	"context"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -149,4 +150,45 @@ func TestWithTTLMessages(t *testing.T) {
 	c, err := NewClient(coll, WithTTL(time.Millisecond))
 	require.NoError(t, err, "a millisecond")
 	require.NoError(t, c.Close(context.Background()))
+}
+
+// WithBackoff's bounds: a min under MinBackoff would poll a held key back
+// to back, as fast as the server answers; a max over MaxBackoff would
+// leave waiters blind to a free key for hours, and 1.5·max, the cap of
+// every sleep, would overflow a Duration. Given to a Mutex, the Mutex's
+// first Lock reports them.
+func TestWithBackoffBounds(t *testing.T) {
+	coll := newColl(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name     string
+		min, max time.Duration
+		msg      string // in the error; "" for a valid pair
+	}{
+		{"1ns", time.Nanosecond, time.Millisecond, "backoff min 1ns is under the minimum 1ms"},
+		{"min just short", MinBackoff - 1, DefaultMaxBackoff, "under the minimum"},
+		{"min zero", 0, DefaultMaxBackoff, "under the minimum"},
+		{"min negative", -time.Millisecond, DefaultMaxBackoff, "under the minimum"},
+		{"both 1ns", time.Nanosecond, time.Nanosecond, "under the minimum"},
+		{"reversed", time.Second, time.Millisecond, "min 1s is above max 1ms"},
+		{"max just long", MinBackoff, MaxBackoff + 1, "backoff max 1h0m0.000000001s is over the maximum 1h0m0s"},
+		{"max overflows 1.5·max", MinBackoff, math.MaxInt64, "over the maximum"},
+		{"least", MinBackoff, MinBackoff, ""},
+		{"greatest", MaxBackoff, MaxBackoff, ""},
+		{"defaults", DefaultMinBackoff, DefaultMaxBackoff, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := NewClient(coll, WithBackoff(tc.min, tc.max))
+			if tc.msg == "" {
+				require.NoError(t, err)
+				require.NoError(t, c.Close(ctx))
+				return
+			}
+			require.ErrorIs(t, err, ErrInvalidOption)
+			assert.Contains(t, err.Error(), tc.msg)
+			err = newClient(t, coll).NewMutex("k", WithBackoff(tc.min, tc.max)).TryLock(ctx)
+			require.ErrorIs(t, err, ErrInvalidOption, "on one Mutex")
+			assert.Contains(t, err.Error(), tc.msg, "on one Mutex")
+		})
+	}
 }

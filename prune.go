@@ -35,10 +35,13 @@ const pruneBatch = 256
 // Prune costs one command for the server's clock, then, for each batch of
 // up to 256 idle documents, a read, a raise of the floor and one write
 // command of conditional deletes. The first Lock of a pruned key costs
-// three commands instead of one (the acquire that creates the document, a
-// read of the floor and a write that raises its token), as does the first
-// Lock of any new key. A key whose holder crashed is not free and is not
-// pruned until it has been taken over and released.
+// two commands instead of one (the acquire that creates the document and a
+// read of the floor; the hold writes its token's base with its first
+// extension or its Unlock, which it sends anyway), as does the first Lock
+// of any new key; an RLock, Semaphore Acquire or Campaign that creates the
+// document costs three, as it writes the base at once (docs/design.md,
+// "Floor and raw documents"). A key whose holder crashed is not free and
+// is not pruned until it has been taken over and released.
 //
 // When ctx ends, Prune returns an error matching ctx.Err(), with the count
 // of documents deleted so far; what it had not deleted stays, with the

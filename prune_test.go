@@ -46,17 +46,23 @@ func TestPrune(t *testing.T) {
 		require.NoError(t, err)
 		assert.Zero(t, n, "a and c are gone, b is held")
 
+		require.NoError(t, held.Unlock(ctx)) // no extension among the commands counted below
+
 		var fence Fence
 		require.NoError(t, fence.Check(last["c"]))
 		for _, key := range []string{"a", "c"} {
 			m := c.NewMutex(key)
+			mark := sp.commands()
 			require.NoError(t, m.Lock(ctx))
+			assert.EqualValues(t, 2, sp.commands()-mark, "%s's first Lock after the prune: the acquire that creates the document, the floor read", key)
 			assert.Greater(t, m.Lease().Token(), last["c"], "%s after the prune: above every token of the collection's pruned keys", key)
 			assert.NoError(t, fence.Check(m.Lease().Token()), "a fence that saw the old tokens admits the new one")
 			r, tok := sp.read(t, key), m.Lease().Token()
 			assert.True(t, r.Raw, "the base is left to the hold's first write")
 			assert.Less(t, r.Token, tok, "the counter counts from 0 while raw")
+			mark = sp.commands()
 			require.NoError(t, m.Unlock(ctx))
+			assert.EqualValues(t, 1, sp.commands()-mark, "its Unlock, which writes the base")
 			r = sp.read(t, key)
 			assert.False(t, r.Raw, "the Unlock wrote the base")
 			assert.Equal(t, tok, r.Token, "the counter is the hold's token")

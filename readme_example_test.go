@@ -18,10 +18,12 @@ import (
 )
 
 // The Go snippets of README.md, each a part of one of these examples,
-// verbatim: TestREADMESnippets (readme_test.go) fails when a snippet and its
-// example differ, so every snippet compiles, and the examples with an
-// Output comment run with the tests. Edit a snippet here first, then copy
-// it into the README.
+// verbatim but for the database: the README's quick start writes to "app",
+// its example to "dlock_examples", as the other examples do (readmeRewrites
+// in readme_test.go). TestREADMESnippets (readme_test.go) fails when a
+// snippet and its example differ otherwise, so every snippet compiles, and
+// the examples with an Output comment run with the tests. Edit a snippet
+// here first, then copy it into the README.
 
 // The quick start: the body of its main.
 func Example_readmeQuickStart() {
@@ -31,7 +33,7 @@ func Example_readmeQuickStart() {
 		log.Fatal(err)
 	}
 	defer mc.Disconnect(ctx)
-	db := mc.Database("app")
+	db := mc.Database("dlock_examples")
 
 	// One Client per process; one collection holds all the locks.
 	client, err := dlock.NewClient(db.Collection("locks"))

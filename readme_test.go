@@ -16,11 +16,11 @@ import (
 )
 
 // TestREADMESnippets: every ```go block of README.md appears verbatim, after
-// trimming common indentation, in the body of an Example in one of the
-// package's example files; a complete program (a block that starts with
-// "package") must have the body of its main there, and must type-check as
-// it stands. So every snippet compiles, and those whose Example has an
-// Output comment run with the tests.
+// trimming common indentation and the rewrites of readmeRewrites, in the
+// body of an Example in one of the package's example files; a complete
+// program (a block that starts with "package") must have the body of its
+// main there, and must type-check as it stands. So every snippet compiles,
+// and those whose Example has an Output comment run with the tests.
 func TestREADMESnippets(t *testing.T) {
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
@@ -37,11 +37,27 @@ func TestREADMESnippets(t *testing.T) {
 			typeCheck(t, b)
 			snippet = mainBody(t, b)
 		}
+		snippet = rewrite(snippet)
 		if !foundIn(dedent(snippet), bodies) {
 			t.Errorf("README.md:%d: this go block is not in the body of any Example in *example_test.go, verbatim:\n%s",
 				b.line, strings.Join(dedent(snippet), "\n"))
 		}
 	}
+}
+
+// readmeRewrites turns the README's words into its examples': the quick
+// start's database, "app", is exampleDB in Example_readmeQuickStart, so
+// that the example writes to no database a user's server may hold.
+var readmeRewrites = strings.NewReplacer(`mc.Database("app")`, `mc.Database("`+exampleDB+`")`)
+
+// rewrite returns the lines of a README snippet with readmeRewrites
+// applied.
+func rewrite(lines []string) []string {
+	out := make([]string, len(lines))
+	for i, l := range lines {
+		out[i] = readmeRewrites.Replace(l)
+	}
+	return out
 }
 
 // TestREADMEJobTest runs the README's dlocktest snippet as the test it is.
@@ -223,4 +239,39 @@ func foundIn(snippet []string, bodies map[string][]string) bool {
 		}
 	}
 	return false
+}
+
+// exampleDB is the database the examples use, and keep, on a server of
+// one's own (docs/testing.md).
+const exampleDB = "dlock_examples"
+
+// TestExamplesDatabase: the examples write only to exampleDB, never to a
+// database a user's server may hold, such as the README's "app": every
+// Database call of an example file that names a database names exampleDB.
+func TestExamplesDatabase(t *testing.T) {
+	files, err := filepath.Glob("*example_test.go")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no example files: %v", err)
+	}
+	fset := token.NewFileSet()
+	for _, name := range files {
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok {
+				return true
+			}
+			sel, ok := call.Fun.(*ast.SelectorExpr)
+			if !ok || sel.Sel.Name != "Database" || len(call.Args) == 0 {
+				return true
+			}
+			if lit, ok := call.Args[0].(*ast.BasicLit); !ok || lit.Value != strconv.Quote(exampleDB) {
+				t.Errorf("%s: Database(%s): the examples use %q", fset.Position(call.Pos()), types.ExprString(call.Args[0]), exampleDB)
+			}
+			return true
+		})
+	}
 }

@@ -891,12 +891,26 @@ func (s *mongoStore) serverTime(ctx context.Context) (time.Time, bool, error) {
 }
 
 // transient reports whether err may go away by itself: the network, a
-// timeout, a primary stepping down. Other errors (bad credentials, a
-// rejected command) are returned to the caller at once.
+// timeout, a primary stepping down, a server that gave up on a command at
+// a deadline of its own. Other errors (bad credentials, a rejected
+// command) are returned to the caller at once.
 func transient(err error) bool {
 	var le mongo.LabeledError
 	return errors.Is(err, errUnreachable) || mongo.IsNetworkError(err) || mongo.IsTimeout(err) ||
-		(errors.As(err, &le) && (le.HasErrorLabel("RetryableWriteError") || le.HasErrorLabel("TransientTransactionError")))
+		(errors.As(err, &le) && (le.HasErrorLabel("RetryableWriteError") || le.HasErrorLabel("TransientTransactionError"))) ||
+		serverDeadline(err)
+}
+
+// serverDeadline reports whether err is a server's reply that it gave up
+// on the command at a deadline of its own: FerretDB, under load, answers
+// code 1, InternalError, with a message that ends with the Go context's
+// error, "context deadline exceeded". Like a lost reply, the command may
+// or may not have applied. Only a server's reply with that code matches:
+// the end of the caller's own context is no server error, and is not
+// taken for this one.
+func serverDeadline(err error) bool {
+	var se mongo.ServerError
+	return errors.As(err, &se) && se.HasErrorCodeWithMessage(1, "context deadline exceeded")
 }
 
 // failed is the error of a store operation that failed with the driver's

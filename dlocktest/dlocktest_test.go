@@ -264,7 +264,7 @@ func TestExclusion(t *testing.T) {
 	var wg sync.WaitGroup
 	start := time.Now()
 	for range clients {
-		c := newClient(t, s, dlock.WithBackoff(100*time.Microsecond, 2*time.Millisecond))
+		c := newClient(t, s, dlock.WithBackoff(dlock.MinBackoff, 2*time.Millisecond))
 		for range goroutines {
 			m := c.NewMutex("k")
 			wg.Go(func() {

@@ -26,8 +26,9 @@
 //	DLOCK_TOKEN   the fencing token of this hold, a decimal number that
 //	              grows with every hold of KEY: pass it to the storage
 //	              COMMAND writes, to turn away a late writer
-//	DLOCK_OWNER   this run's owner identity (host/pid/random), as stored
-//	              in the lock
+//	DLOCK_OWNER   this run's owner identity, as stored in the lock and
+//	              as dlock status shows it: host/pid, "#" and 128
+//	              random bits in hex
 //
 // While COMMAND runs, the lock's lease is extended in the background (every
 // third of -ttl). COMMAND's standard input, output and error are run's.
@@ -108,11 +109,11 @@
 // Status shows who holds the lock KEY, or leads the election KEY, as one
 // read of its document shows it; it takes nothing and changes nothing. It
 // prints one line per hold, in token order: the fencing token, exclusive
-// or shared (a read hold or a semaphore permit), the owner (host/pid/random
+// or shared (a read hold or a semaphore permit), the owner (host/pid#random
 // for a dlock process), and the hold's data when it has some (an election's
 // value), quoted:
 //
-//	token 7 exclusive owner web3/4242/9f86d081884c7d65a2b0e1f7c4d3a9b8 data "web3:8080"
+//	token 7 exclusive owner web3/4242#9f86d081884c7d65a2b0e1f7c4d3a9b8 data "web3:8080"
 //
 // or, when nobody holds KEY, "KEY" is free. With -json it prints one
 // object instead:

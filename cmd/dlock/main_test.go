@@ -12,8 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -261,27 +261,42 @@ func newClient(t *testing.T, coll string) *dlock.Client {
 
 func TestRunEnvironmentAndRelease(t *testing.T) {
 	coll := collection(t)
+	ctx := context.Background()
 	p := start(t, nil, runArgs(coll, "-v", "nightly-report", "--",
-		"sh", "-c", `echo "$DLOCK_KEY|$DLOCK_TOKEN|$DLOCK_OWNER"`)...)
-	status, stdout, stderr := p.wait(t)
-	require.Equal(t, 0, status, "stderr: %q", stderr)
-	require.Len(t, stdout, 1)
-	f := strings.Split(stdout[0], "|")
+		"sh", "-c", `echo "$DLOCK_KEY|$DLOCK_TOKEN|$DLOCK_OWNER"; read line`)...)
+	f := strings.Split(line(t, p.stdout, "COMMAND's environment"), "|")
 	require.Len(t, f, 3)
 	assert.Equal(t, "nightly-report", f[0])
 	assert.Equal(t, "1", f[1])
-	owner := strings.Split(f[2], "/") // host/pid/random
-	require.Len(t, owner, 3, "owner %q", f[2])
-	assert.Equal(t, strconv.Itoa(p.cmd.Process.Pid), owner[1])
-	assert.Len(t, owner[2], 32)
+
+	// DLOCK_OWNER is the owner as stored in the lock, as Holders and dlock
+	// status show it: the label host/pid, then the Client's "#" and 128
+	// random bits.
+	c := newClient(t, coll)
+	holders, err := c.Holders(ctx, "nightly-report")
+	require.NoError(t, err)
+	require.Len(t, holders, 1)
+	assert.Equal(t, holders[0].Owner, f[2], "DLOCK_OWNER")
+	status, stdout, stderr := dlockRun(t, nil, statusArgs(coll, "nightly-report")...)
+	require.Equal(t, 0, status, "stderr: %q", stderr)
+	assert.Equal(t, []string{"token 1 exclusive owner " + f[2]}, stdout)
+	host, err := os.Hostname()
+	require.NoError(t, err)
+	label := fmt.Sprintf("%s/%d", host, p.cmd.Process.Pid)
+	assert.Regexp(t, "^"+regexp.QuoteMeta(label)+"#[0-9a-f]{32}$", f[2])
+
+	fmt.Fprintln(p.stdin, "done") // COMMAND exits
+	status, stdout, stderr = p.wait(t)
+	require.Equal(t, 0, status, "stderr: %q", stderr)
+	assert.Empty(t, stdout)
 	assert.Equal(t, []string{
 		`dlock run: holding "nightly-report" with token 1`,
 		`dlock run: released "nightly-report"`,
 	}, stderr)
 
 	// Released on exit: another program takes the key at once.
-	m := newClient(t, coll).NewMutex("nightly-report")
-	require.NoError(t, m.TryLock(context.Background()))
+	m := c.NewMutex("nightly-report")
+	require.NoError(t, m.TryLock(ctx))
 	assert.Equal(t, dlock.Token(2), m.Lease().Token())
 }
 

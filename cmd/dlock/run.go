@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -94,7 +92,6 @@ type runner struct {
 	elect bool   // campaign for key with value, rather than lock it
 	value string // elect: the leader's value
 
-	owner  string
 	mc     *mongo.Client // set once connected
 	client *dlock.Client // set once connected
 	lease  *dlock.Lease  // set once held
@@ -137,7 +134,6 @@ func (r *runner) run() int {
 // acquire connects, takes the lock, and returns 0 or the exit status to
 // fail with.
 func (r *runner) acquire(ctx context.Context) int {
-	r.owner = newOwner()
 	mc, coll, err := r.flags.server.connect(ctx)
 	switch {
 	case context.Cause(ctx) == errInterrupted:
@@ -148,7 +144,7 @@ func (r *runner) acquire(ctx context.Context) int {
 		return failf(exitUsage, "dlock %s: %v", r.verb, err)
 	}
 	r.mc = mc
-	client, err := dlock.NewClient(coll, dlock.WithTTL(r.flags.ttl), dlock.WithMaxHold(r.flags.maxHold), dlock.WithOwner(r.owner))
+	client, err := dlock.NewClient(coll, dlock.WithTTL(r.flags.ttl), dlock.WithMaxHold(r.flags.maxHold), dlock.WithOwner(ownerLabel()))
 	if err != nil {
 		return failf(exitUsage, "dlock %s: %s", r.verb, errorText(err))
 	}
@@ -226,7 +222,7 @@ func (r *runner) supervise(sigs <-chan os.Signal) int {
 	cmd.Env = append(os.Environ(),
 		"DLOCK_KEY="+r.key,
 		"DLOCK_TOKEN="+strconv.FormatUint(uint64(lease.Token()), 10),
-		"DLOCK_OWNER="+r.owner)
+		"DLOCK_OWNER="+r.client.Owner()) // as stored in the lock
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	ownGroup(cmd)
 	dieWithParent(cmd)
@@ -366,17 +362,15 @@ func signalStatus(sig os.Signal) int {
 	return 1
 }
 
-// newOwner returns the owner identity of this run: readable (host and
-// process), and unique and hard to guess (128 random bits), as
-// dlock.WithOwner requires.
-func newOwner() string {
+// ownerLabel returns the label of this run's owner identity: its host and
+// process, host/pid. The Client adds "#" and 128 random bits, which make
+// the identity unique ([dlock.Client.Owner]).
+func ownerLabel() string {
 	host, err := os.Hostname()
 	if err != nil {
 		host = "unknown-host"
 	}
-	var b [16]byte
-	rand.Read(b[:]) // never fails; see crypto/rand.Read
-	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+	return fmt.Sprintf("%s/%d", host, os.Getpid())
 }
 
 // errorText is a library error's message without its "dlock: " prefix,

@@ -21,7 +21,7 @@ nothing.
 
 Text output is one line per hold, in token order:
 
-	token 7 exclusive owner host/4242/9f86d081884c7d65 data "db1:5432"
+	token 7 exclusive owner host/4242#9f86d081884c7d65a2b0e1f7c4d3a9b8 data "db1:5432"
 
 or, when nobody holds KEY, one line: "KEY" is free. With -json, one
 object: {"key": KEY, "free": bool, "holders": [{"owner", "token",
