@@ -29,6 +29,10 @@ type pacer interface {
 	sleep(proposed, backoff time.Duration) time.Duration
 	// uses reports whether the waits and Unlocks it paces follow rule r.
 	uses(r rule) bool
+	// aim returns the plan a wait follows, given the one its rules made
+	// (planTurn, planHead): the liveness bounds hold whatever it answers,
+	// a plan aimed hours late included (Client.acquire's watches' check).
+	aim(tp turnPlan) turnPlan
 }
 
 // A rule is one of the pacing rules that a pacer may follow, each for
@@ -49,6 +53,8 @@ type rulesPacer struct{}
 func (rulesPacer) sleep(proposed, _ time.Duration) time.Duration { return proposed }
 
 func (rulesPacer) uses(rule) bool { return true }
+
+func (rulesPacer) aim(tp turnPlan) turnPlan { return tp }
 
 // A pacing is what rulesPacer's rules remember of one primitive's waits
 // and holds: its last wait (lastWait), its key's queue and token counters
@@ -216,7 +222,7 @@ func (s *schedule) registered(r record, sent, answered time.Time) {
 // after a hold that lasted busy: it plans its turn (planTurn).
 func (s *schedule) requeued(joined time.Time, k int, busy time.Duration) {
 	if s.rules.uses(ruleTurnPlan) {
-		s.plan = s.p.planTurn(joined, k, busy, s.cfg)
+		s.plan = s.rules.aim(s.p.planTurn(joined, k, busy, s.cfg))
 	}
 }
 
@@ -230,7 +236,7 @@ func (s *schedule) requeued(joined time.Time, k int, busy time.Duration) {
 func (s *schedule) saw(r record, sent, now time.Time, registered bool, ahead int, rw bool) {
 	seen := sighting{sent: sent, token: r.Token, r: r}
 	if s.plan == (turnPlan{}) && registered && ahead == 0 && !r.free() && !rw && s.rules.uses(ruleHeadPlan) {
-		s.plan = s.p.planHead(s.last, seen, s.an, s.cfg)
+		s.plan = s.rules.aim(s.p.planHead(s.last, seen, s.an, s.cfg))
 	}
 	s.last = seen
 	s.eta = time.Time{}

@@ -13,6 +13,8 @@ func (backoffPacer) sleep(_, backoff time.Duration) time.Duration { return backo
 
 func (backoffPacer) uses(rule) bool { return false }
 
+func (backoffPacer) aim(tp turnPlan) turnPlan { return tp }
+
 // randomPacer answers at random: any sleep up to max, which may be beyond
 // the cap that waitPoll puts on every sleep (maxSleep), with or without
 // the rules' plans. Without the cap, the crashed-holder bound of
@@ -28,12 +30,45 @@ func (p randomPacer) sleep(_, _ time.Duration) time.Duration {
 
 func (p randomPacer) uses(rule) bool { return p.plan }
 
+// aim, with plans, aims half of them at once and half up to a day late,
+// with retries up to an hour apart (see stalePlans).
+func (p randomPacer) aim(tp turnPlan) turnPlan {
+	if !p.plan {
+		return tp
+	}
+	late := time.Duration(0)
+	if rand.IntN(2) == 0 {
+		late = time.Duration(rand.Int64N(int64(24 * time.Hour)))
+	}
+	return stalePlans{late: late, retry: time.Duration(rand.Int64N(int64(time.Hour))) + 1}.aim(tp)
+}
+
+// stalePlans is dlock's pacer, but for its plans: each aims late after
+// the wait joined (0: its attempts are due at once) and retries every
+// retry, as a plan built on a stale sighting would (a hand-over period
+// estimated from a counter seen moving a day ago, a turn learnt from
+// holds far longer than today's).
+type stalePlans struct{ late, retry time.Duration }
+
+func (stalePlans) sleep(proposed, _ time.Duration) time.Duration { return proposed }
+
+func (stalePlans) uses(rule) bool { return true }
+
+func (p stalePlans) aim(tp turnPlan) turnPlan {
+	if tp.on {
+		tp.next, tp.retry = tp.joined.Add(p.late), p.retry
+	}
+	return tp
+}
+
 // withoutRule is dlock's pacer with one rule switched off.
 type withoutRule struct{ off rule }
 
 func (withoutRule) sleep(proposed, _ time.Duration) time.Duration { return proposed }
 
 func (p withoutRule) uses(r rule) bool { return r != p.off }
+
+func (withoutRule) aim(tp turnPlan) turnPlan { return tp }
 
 // pacers are the pacers every liveness bound must hold for.
 func pacers() []struct {
@@ -49,5 +84,8 @@ func pacers() []struct {
 		{"random", randomPacer{max: most}},
 		{"random with plans", randomPacer{max: most, plan: true}},
 		{"backoff", backoffPacer{}},
+		{"plans due at once, retried hourly", stalePlans{0, time.Hour}},
+		{"plans due at once, retried often", stalePlans{0, DefaultMaxBackoff / 2}},
+		{"plans a day late", stalePlans{24 * time.Hour, time.Hour}},
 	}
 }

@@ -61,6 +61,9 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 		case stepDone:
 			return x.lease, x.attempts, err
 		}
+		// Every round that did not just read passes the watches' check,
+		// whatever the schedule planned: the liveness bounds rest on it.
+		read = read || err == nil && !x.afterRead && x.watchesDue(c.clock.Now())
 		x.afterRead = false
 		if read {
 			if s, err = x.read(); s == stepAgain {
@@ -327,17 +330,29 @@ func (x *exclusiveWait) attemptOnce() (s step, read bool, err error) {
 		x.unsure = true
 		x.sched.failed()
 	case x.sched.planned(sent):
-		err = nil // not its turn yet: retry, reading only to trace, or when the plan ran out
-		read = x.sched.missed(sent, c.clock.Now()) || x.tracing && x.events < maxHeldEvents && x.attempts&(x.attempts-1) == 0
+		err = nil // not its turn yet: retry, reading to trace, or when the plan ran out (and when a watch is due: Client.acquire)
+		read = x.sched.missed(sent, c.clock.Now()) || x.traceDue()
 	case x.afterRead:
 		err = nil // wait for the poll: see Client.acquire
 	default:
 		err = nil
-		now := c.clock.Now()
-		read = (x.w.rev == 0 && (x.try || x.attempts > 1)) || x.w.takeover(now).rev != 0 || x.ew.wait(now) == 0 ||
-			x.tracing && x.events < maxHeldEvents && x.attempts&(x.attempts-1) == 0
+		read = x.traceDue()
 	}
 	return stepOn, read, err
+}
+
+// watchesDue reports whether the wait must read the record at now to keep
+// the liveness bounds: to start watching the holder's revision once it
+// outlasted the first poll (a TryLock at once), or because a watch says
+// that the holder, a waiter ahead or a reader may be cleared.
+func (x *exclusiveWait) watchesDue(now time.Time) bool {
+	return x.w.rev == 0 && (x.try || x.attempts > 1) || x.w.takeover(now).rev != 0 || x.ew.wait(now) == 0
+}
+
+// traceDue reports whether a failed attempt reads to name the holder in
+// the recorded Lock span: after failed attempts 1, 2, 4, 8 and so on.
+func (x *exclusiveWait) traceDue() bool {
+	return x.tracing && x.events < maxHeldEvents && x.attempts&(x.attempts-1) == 0
 }
 
 // take makes the lease of the hold with token t that the acquire sent at
