@@ -184,7 +184,7 @@ func kindError(key, want, got string) error {
 // document whose revision stood still for a TTL is cleared whole (every
 // hold in it has ended), both by writes conditional on what was read.
 func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease, int, error) {
-	x := &sharedWait{c: c, ctx: ctx, cl: cl, a: cl.attempt, sched: cl.pace.shared(cl.cfg, c.pacer)}
+	x := &sharedWait{c: c, ctx: ctx, cl: cl, try: try, a: cl.attempt, sched: cl.pace.shared(cl.cfg, c.pacer)}
 	x.a.owner, x.a.hold = c.owner, c.holdIDs.Add(1)
 	if c.cfg.hooks.flawed(flawSharedOverLimit) {
 		x.a.limit++
@@ -233,6 +233,7 @@ type sharedWait struct {
 	c     *Client
 	ctx   context.Context
 	cl    claim
+	try   bool
 	a     attempt
 	lease *Lease // the hold taken, when the wait ends with it
 
@@ -353,7 +354,41 @@ func (x *sharedWait) read() (step, error) {
 			return stepAgain, nil
 		}
 	}
+	if x.try && c.clearDeadQueue(x.ctx, a.key, r) {
+		return stepAgain, nil
+	}
 	return stepOn, nil
+}
+
+// clearDeadQueue clears the registrations of r, key's record as a try
+// just read it, when the server's clock shows that none of them was
+// extended for longer than the longest of their TTLs: every write of the
+// record, an extension of a registration included, stamps it (record.At),
+// so no registration was extended since. It reports whether it cleared
+// them. A try waits for nothing, so it cannot watch their epochs for a
+// TTL as a waiting Lock does (entryWatch); without this, a waiter that
+// died with no waiting Lock behind it would block every try, and Prune,
+// which skips records with registrations, for good. A registration is not
+// a hold: the server's clock, which no exclusion rests on, may judge it,
+// and a step of that clock costs a live waiter at most its place (its
+// Client registers again). It costs a try two commands, only when
+// registrations block it: the server's clock and the clearing write.
+func (c *Client) clearDeadQueue(ctx context.Context, key string, r record) bool {
+	if r.Owner != "" || len(r.Waiters) == 0 {
+		return false
+	}
+	var longest time.Duration
+	stale := make([]staleEntry, 0, len(r.Waiters))
+	for hk, e := range r.Waiters {
+		longest = max(longest, e.TTL)
+		stale = append(stale, staleEntry{role: roleWaiter, key: hk, epoch: e.Epoch, token: e.Token, stored: e.Stored})
+	}
+	now, ok, err := c.store.serverTime(ctx)
+	if err != nil || !ok || now.Sub(r.At) <= longest+serverClockResolution {
+		return false
+	}
+	cleared, err := c.store.reap(ctx, key, stamp{}, stale)
+	return err == nil && cleared
 }
 
 // sharable reports whether r takes a shared hold of attempt a now: no

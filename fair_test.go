@@ -849,3 +849,93 @@ func TestRequeueDuringClose(t *testing.T) {
 		require.NoError(t, mb.Unlock(ctx))
 	})
 }
+
+// TestTryAfterDeadWaiter: a waiter whose Client stopped, with no waiting
+// Lock behind it to clear its registration, blocks a try on the free key
+// for at most two TTLs and a poll interval: a try that finds the key free
+// but for registrations none of which was extended for its TTL, by the
+// server's clock, clears them and takes the key. While it blocks, Holders
+// names it. A Mutex's TryLock, an RWMutex's TryLock and TryRLock.
+func TestTryAfterDeadWaiter(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		wait func(c *Client) func(ctx context.Context) error // a waiting Lock
+		try  func(c *Client) (func(ctx context.Context) error, func(ctx context.Context) error)
+	}{
+		{"Mutex", func(c *Client) func(ctx context.Context) error { return c.NewMutex("k").Lock },
+			func(c *Client) (func(ctx context.Context) error, func(ctx context.Context) error) {
+				m := c.NewMutex("k")
+				return m.TryLock, m.Unlock
+			}},
+		{"RWMutex.TryLock", func(c *Client) func(ctx context.Context) error { return c.NewRWMutex("k").Lock },
+			func(c *Client) (func(ctx context.Context) error, func(ctx context.Context) error) {
+				m := c.NewRWMutex("k")
+				return m.TryLock, m.Unlock
+			}},
+		{"RWMutex.TryRLock", func(c *Client) func(ctx context.Context) error { return c.NewRWMutex("k").Lock },
+			func(c *Client) (func(ctx context.Context) error, func(ctx context.Context) error) {
+				m := c.NewRWMutex("k")
+				return m.TryRLock, m.RUnlock
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := newMemStore()
+				a, _ := memClient(t, st)
+				b, hb := memClient(t, st)
+				c, _ := memClient(t, st)
+				ctx := context.Background()
+				lockA, unlockA := tc.try(a)
+				require.NoError(t, lockA(ctx))
+				bctx, bcancel := context.WithCancel(ctx)
+				defer bcancel()
+				bErr := make(chan error, 1)
+				go func() { bErr <- tc.wait(b)(bctx) }()
+				synctest.Wait()
+				require.Equal(t, []string{b.owner}, waiters(st, "k"), "b waits, registered")
+				ops := []string{"acquire", "handoff", "extend", "release", "setData", "releaseAll", "abandon", "read",
+					"floor", "raise", "idle", "raiseFloor", "remove", "register", "requeue", "reap", "serverTime"}
+				for _, op := range ops {
+					hb.on(op, hang) // b's Client stops: nothing it sends arrives
+				}
+				require.NoError(t, unlockA(ctx))
+				tryC, unlockC := tc.try(c)
+				require.ErrorIs(t, tryC(ctx), ErrLocked, "b's registration is fresh: it may be alive")
+				hs, err := c.Holders(ctx, "k")
+				require.NoError(t, err)
+				assert.Equal(t, []Holder{{Owner: b.owner, Waiting: true}}, hs, "Holders names what blocks the key")
+
+				time.Sleep(2*DefaultTTL + fairPoll)
+				require.NoError(t, tryC(ctx), "b's dead registration still blocks a try")
+				assert.Empty(t, waiters(st, "k"))
+				require.NoError(t, unlockC(ctx))
+				for _, op := range ops {
+					hb.on(op, nil)
+				}
+				bcancel()
+				<-bErr
+			})
+		})
+	}
+}
+
+// TestTryAfterDeadWaiterOnServer is TestTryAfterDeadWaiter's clearing on
+// the test server, whose clock judges the registration (hello's
+// localTime against the document's stamp): a registration of 300 ms that
+// no one extends blocks a TryLock until it is 300 ms old, and no longer.
+// The server's clock cannot be injected: the test waits it out.
+func TestTryAfterDeadWaiterOnServer(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t, newColl(t))
+	m := c.NewMutex("k")
+	require.NoError(t, m.Lock(ctx))
+	require.NoError(t, m.Unlock(ctx))
+	dead := attempt{key: "k", owner: "dead", hold: 1, ttl: 300 * time.Millisecond, queue: 64}
+	_, err := c.store.register(ctx, dead)
+	require.NoError(t, err)
+	require.ErrorIs(t, m.TryLock(ctx), ErrLocked, "a fresh registration blocks a try")
+	time.Sleep(dead.ttl + 100*time.Millisecond)
+	require.NoError(t, m.TryLock(ctx), "the dead registration still blocks a try")
+	assert.Empty(t, readDoc(t, c.store.(*mongoStore).coll, "k").W)
+	require.NoError(t, m.Unlock(ctx))
+}

@@ -3,6 +3,7 @@ package dlock
 import (
 	"cmp"
 	"context"
+	"maps"
 	"slices"
 )
 
@@ -12,11 +13,20 @@ type Holder struct {
 	Token  Token  // the hold's fencing token; for an exclusive hold, the key's counter, which may be one above it (see below)
 	Data   []byte // what the holder stored with it ([WithData]), or nil
 	Shared bool   // a shared (read) hold or a Semaphore permit
+
+	// Waiting marks a waiter registered in the key's queue for its
+	// exclusive hold, not a hold (Token is 0): while one is registered, a
+	// try fails and a free key goes to the queue's head. A registration
+	// whose Client stopped is cleared by the next waiter behind it, or by
+	// a try once it was not extended for its TTL.
+	Waiting bool
 }
 
 // Holders returns who holds key, as one read of its document shows it, and
 // acquires nothing: the exclusive holder, or the shared holders in the
-// order of their tokens; none when the key is free. A hold whose holder
+// order of their tokens; then the waiters registered in its queue
+// (Holder.Waiting), in queue order; none when the key is free and no one
+// waits. A hold whose holder
 // crashed is shown until another Client takes the key over or clears it
 // (at most a TTL after a waiter first saw it), so the list may name a
 // holder that no longer relies on its hold. The exclusive holder's Token
@@ -54,5 +64,9 @@ func (c *Client) Holders(ctx context.Context, key string) ([]Holder, error) {
 		hs = append(hs, Holder{Owner: e.Owner, Token: e.Token, Data: e.Data, Shared: true})
 	}
 	slices.SortFunc(hs, func(a, b Holder) int { return cmp.Compare(a.Token, b.Token) })
+	waiters := slices.SortedFunc(maps.Values(r.Waiters), func(a, b entry) int { return cmp.Compare(a.Q, b.Q) })
+	for _, e := range waiters {
+		hs = append(hs, Holder{Owner: e.Owner, Waiting: true})
+	}
 	return hs, nil
 }

@@ -73,8 +73,11 @@ func (m *Mutex) Lock(ctx context.Context) error {
 // [ErrLocked] when another owner holds it, or when another goroutine or
 // Mutex of this Client holds it or is acquiring it (the message says
 // which). It never queues, and fails while any waiter is registered in the
-// key's document, even the registration of a crashed waiter, until that
-// is reaped. An uncontended TryLock is one command; one that finds the key
+// key's document ([Client.Holders] names them); a crashed waiter's
+// registration blocks it until a waiter behind it clears it, or until no
+// registration was extended for its TTL by the server's clock, when
+// TryLock clears them all itself (two commands more) and tries once more:
+// so within two TTLs of the waiter's crash. An uncontended TryLock is one command; one that finds the key
 // held reads the document to tell a hold this Client abandoned, which it
 // takes over, and, with [WithServerClockTakeover], one abandoned more
 // than a TTL ago by the server's clock.

@@ -402,6 +402,10 @@ func (x *exclusiveWait) read() (step, error) {
 			return stepAgain, nil
 		}
 	}
+	if x.try && r.free() && c.clearDeadQueue(x.ctx, x.a.key, r) {
+		x.afterRead = true // one more attempt, then the try ends
+		return stepAgain, nil
+	}
 	if x.q.head() && (r.free() || x.w.takeover(c.clock.Now()).rev != 0) {
 		x.afterRead = true
 		return stepAgain, nil // freed meanwhile, a hold of ours no call uses, or due

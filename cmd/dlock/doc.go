@@ -115,8 +115,11 @@
 //
 //	token 7 exclusive owner web3/4242#9f86d081884c7d65a2b0e1f7c4d3a9b8 data "web3:8080"
 //
-// or, when nobody holds KEY, "KEY" is free. With -json it prints one
-// object instead:
+// or, when nobody holds KEY, "KEY" is free. A waiter registered in KEY's
+// queue gets a line "waiting owner OWNER" after the holds: while one is
+// registered, run -try fails on KEY even when nobody holds it, until the
+// waiter takes it or, once its process stopped, a try clears it (a TTL
+// after its last extension). With -json it prints one object instead:
 //
 //	{"key": "scheduler", "free": false, "holders": [{"owner": "web3/...",
 //	 "token": 7, "shared": false, "data": "web3:8080"}]}

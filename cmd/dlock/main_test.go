@@ -570,6 +570,24 @@ func TestStatus(t *testing.T) {
 	assert.JSONEq(t, fmt.Sprintf(`{"key": "k", "free": false, "holders": [{"owner": %q, "token": 1, "shared": false, "data": "report #1"}]}`, c.Owner()),
 		strings.Join(stdout, "\n"))
 
+	// A waiter registered behind the hold: a line of its own.
+	waiter := newClient(t, coll)
+	wctx, wcancel := context.WithCancel(context.Background())
+	waited := make(chan error, 1)
+	go func() { waited <- waiter.NewMutex("k").Lock(wctx) }()
+	for {
+		hs, err := c.Holders(context.Background(), "k")
+		require.NoError(t, err)
+		if len(hs) == 2 {
+			break
+		}
+	}
+	status, stdout, _ = dlockRun(t, nil, statusArgs(coll, "k")...)
+	require.Equal(t, 0, status)
+	assert.Equal(t, fmt.Sprintf("waiting owner %s", waiter.Owner()), stdout[len(stdout)-1])
+	wcancel()
+	require.ErrorIs(t, <-waited, context.Canceled)
+
 	// Shared holds, without data.
 	other := newClient(t, coll)
 	s := other.NewSemaphore("s", 2)

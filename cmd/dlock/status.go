@@ -23,10 +23,13 @@ Text output is one line per hold, in token order:
 
 	token 7 exclusive owner host/4242#9f86d081884c7d65a2b0e1f7c4d3a9b8 data "db1:5432"
 
-or, when nobody holds KEY, one line: "KEY" is free. With -json, one
-object: {"key": KEY, "free": bool, "holders": [{"owner", "token",
-"shared", "data"}]}, data as a string (or "data_base64" when it is not
-UTF-8), omitted when the hold has none.
+or, when nobody holds KEY, one line: "KEY" is free. A waiter registered
+in KEY's queue gets a line "waiting owner OWNER": while one is, run -try
+fails on KEY (until the waiter takes it, or a TTL after its process
+stopped). With -json, one object: {"key": KEY, "free": bool, "holders":
+[{"owner", "token", "shared", "data", "waiting"}]}, data as a string (or
+"data_base64" when it is not UTF-8), omitted when the hold has none;
+waiting true for a registered waiter.
 
 Exit status: 0 whether KEY is held or free; 64 bad usage; 69 could not
 reach the server.`
@@ -36,6 +39,7 @@ type statusHolder struct {
 	Owner      string      `json:"owner"`
 	Token      dlock.Token `json:"token"`
 	Shared     bool        `json:"shared"`
+	Waiting    bool        `json:"waiting,omitempty"` // a registered waiter, not a hold
 	Data       *string     `json:"data,omitempty"`
 	DataBase64 []byte      `json:"data_base64,omitempty"`
 }
@@ -90,9 +94,9 @@ func statusMain(sub *subcommand, args []string) int {
 	}
 
 	if asJSON {
-		report := statusReport{Key: key, Free: len(holders) == 0, Holders: []statusHolder{}}
+		report := statusReport{Key: key, Free: held(holders) == 0, Holders: []statusHolder{}}
 		for _, h := range holders {
-			sh := statusHolder{Owner: h.Owner, Token: h.Token, Shared: h.Shared}
+			sh := statusHolder{Owner: h.Owner, Token: h.Token, Shared: h.Shared, Waiting: h.Waiting}
 			switch {
 			case h.Data == nil:
 			case utf8.Valid(h.Data):
@@ -108,11 +112,18 @@ func statusMain(sub *subcommand, args []string) int {
 		enc.Encode(report)
 		return 0
 	}
-	if len(holders) == 0 {
+	switch n := len(holders) - held(holders); {
+	case len(holders) == 0:
 		fmt.Printf("%q is free\n", key)
 		return 0
+	case n == len(holders):
+		fmt.Printf("%q is free, but %d registered waiters block -try until they take it or are cleared\n", key, n)
 	}
 	for _, h := range holders {
+		if h.Waiting {
+			fmt.Printf("waiting owner %s\n", h.Owner)
+			continue
+		}
 		mode := "exclusive"
 		if h.Shared {
 			mode = "shared"
@@ -124,4 +135,15 @@ func statusMain(sub *subcommand, args []string) int {
 		fmt.Println(line)
 	}
 	return 0
+}
+
+// held counts the holds among holders: the rest are registered waiters.
+func held(holders []dlock.Holder) int {
+	n := 0
+	for _, h := range holders {
+		if !h.Waiting {
+			n++
+		}
+	}
+	return n
 }
