@@ -239,11 +239,12 @@ type leaseRef struct {
 
 	// raw: the hold was made on a raw record and may not have written its
 	// base yet, so the record's counter may still be below token. Every
-	// write of the hold then names it by its hold (owner and hold id, or
-	// its shared hold's key), whose name never repeats, instead of by its
-	// token, and writes the base: the counter raised to token, a shared
-	// hold's t set to it, raw unset. The write is the same whether the base
-	// was written already or not (docs/design.md, rule 5).
+	// write of the hold then writes the base: the counter raised to token,
+	// a shared hold's t set to it, raw unset; and a shared hold's writes
+	// name it by its key alone, its t being unwritten yet. The write is
+	// the same whether the base was written already or not (docs/design.md,
+	// rule 5). (An exclusive hold's writes name it by its owner and hold id
+	// either way: record.holds.)
 	raw bool
 }
 
