@@ -256,6 +256,18 @@ func WithServerClockTakeover(on bool) Option {
 	return clientOnly("WithServerClockTakeover", func(c *config) { c.serverClock = on })
 }
 
+// MaxQueue is the most waiters that may be registered in one key's queue:
+// a Lock that would register past it fails with [ErrQueueFull]. The queue
+// lives in the key's document, which MongoDB caps at 16 MiB, and every
+// write of the key carries it whole. A registration takes at most about
+// 470 bytes ([MaxOwnerLen], in base64, and a hold id name it; its value is
+// its queue number, TTL and epoch), about 130 with a host name and process
+// id as the owner's label: 10,000 of them take at most 4.7 MB, and leave
+// room for the rest of the document (a key, data and shared holds of at
+// most a few KiB each). Clients that register at the same instant may
+// pass it by as many as they are, for as long as their replies take.
+const MaxQueue = 10000
+
 // MaxDataLen is the most data, in bytes, that [WithData] stores with a hold.
 const MaxDataLen = 1024
 

@@ -3,6 +3,7 @@ package dlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -260,6 +261,11 @@ func (x *exclusiveWait) join() (step, error) {
 	} else {
 		x.enqueue = false
 		r, err = c.enqueue(x.ctx, cl, x.a, &x.q)
+		if err == nil && x.q.reg != nil && len(r.Waiters) > MaxQueue {
+			c.unregister(x.q.reg)
+			x.q = queueing{}
+			err = fmt.Errorf("%w (%d, at most %d)", ErrQueueFull, len(r.Waiters)-1, MaxQueue)
+		}
 	}
 	if err != nil {
 		return stepOn, err
