@@ -11,8 +11,9 @@ import (
 // the tokens (docs/design.md), so its mistakes cost commands and latency,
 // never safety; and waitPoll caps every sleep at maxSleep and wakes a
 // wait when a watch says that a holder, or a waiter ahead, may be
-// cleared, so the liveness bounds of docs/fairness.md hold whatever it
-// answers too.
+// cleared, and every round that did not read reads when a watch is due
+// (Client.acquire), so the liveness bounds of docs/fairness.md hold
+// whatever it answers too.
 //
 // Three types share the work. A schedule paces one wait, from what the
 // wait tells it it saw. A pacing is what a primitive remembers of its
