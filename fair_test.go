@@ -972,3 +972,52 @@ func TestQueueFull(t *testing.T) {
 		}
 	})
 }
+
+// TestShortHoldsAfterLongHold: once a long hold ends, a queue of waiters
+// takes short turns at the pace of short turns, not of the long hold:
+// every turn comes within a poll interval of the one before, on average.
+// A wait paced by an estimate of the turns ahead of it (how often the key
+// changed hands so far) sleeps through a queue whose holds became short,
+// and the key then sits free while the new head sleeps: a pacing that
+// let waiters deep in the queue sleep up to a TTL took 1.4 s a turn here.
+func TestShortHoldsAfterLongHold(t *testing.T) {
+	const (
+		clients = 16
+		hold    = 20 * time.Millisecond
+		rounds  = 3
+	)
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		ctx := context.Background()
+		var ms []*Mutex
+		for range clients {
+			c, _ := memClient(t, slowStore{st, time.Millisecond})
+			ms = append(ms, c.NewMutex("k"))
+		}
+		require.NoError(t, ms[0].Lock(ctx))
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var last time.Time // guarded by mu: when the last short hold ended
+		for _, m := range ms[1:] {
+			wg.Go(func() {
+				for range rounds {
+					if !assert.NoError(t, m.Lock(ctx)) {
+						return
+					}
+					time.Sleep(hold)
+					mu.Lock()
+					last = time.Now()
+					mu.Unlock()
+					assert.NoError(t, m.Unlock(ctx))
+				}
+			})
+		}
+		time.Sleep(time.Minute) // the long hold
+		ended := time.Now()
+		require.NoError(t, ms[0].Unlock(ctx))
+		wg.Wait()
+		turn := last.Sub(ended) / ((clients - 1) * rounds)
+		t.Logf("%d short holds after a long one: %v a turn", (clients-1)*rounds, turn)
+		assert.LessOrEqual(t, turn, hold+fairPoll, "short turns after a long hold came at the long hold's pace")
+	})
+}
