@@ -14,7 +14,9 @@ import (
 // [Lease] with a fencing token greater than every earlier term's. The
 // leader publishes a value (an address, say) that anyone can read with
 // [Election.Leader] or follow with [Election.Observe], and change with
-// [Election.Proclaim] while it leads. It resigns with [Lease.Release].
+// [Election.Proclaim] while it leads. It resigns with [Lease.Release], which
+// frees the name even when given a ctx that has ended, as [Mutex.Unlock]
+// does.
 //
 // An Election is an exclusive hold on the key name, as a [Mutex]'s, with
 // the leader's value as the hold's data (at most [MaxDataLen] bytes), so

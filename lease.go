@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -191,9 +192,16 @@ func (l *Lease) Context() context.Context {
 // has not yet ended), Release returns its [*LeaseLostError] at once,
 // changes nothing for a new holder, and tidies up in the background. A
 // second Release returns [ErrNotHeld]; a Release after [Client.Close]
-// ended the lease returns [ErrClosed]. When Release fails for want of an
-// answer from the server, the lease is ended here all the same, and the
-// key is free again at the latest a TTL later.
+// ended the lease returns [ErrClosed].
+//
+// A release is clean-up, so an ended ctx does not stop it: ctx bounds the
+// command while ctx lasts, and when ctx has ended already (a deferred
+// Release with a request's ctx), the command is sent all the same, on a
+// context detached from ctx and bounded by a second. Release returns an
+// error matching ctx's error only when the command could not complete.
+// When Release fails for want of an answer from the server, the lease is
+// ended here all the same, and the key is free again at the latest a TTL
+// later.
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	if l.returned {
@@ -209,7 +217,9 @@ func (l *Lease) Release(ctx context.Context) error {
 		defer l.c.finish()
 	}
 	ctx, span := l.c.tel.releaseSpan(ctx, l)
-	err := l.c.release(ctx, l)
+	rctx, stop := cleanupContext(ctx)
+	err := cleanupError(ctx, "release "+strconv.Quote(l.key), l.c.release(rctx, l))
+	stop()
 	endSpan(span, err)
 	return err
 }

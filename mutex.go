@@ -86,6 +86,12 @@ func (m *Mutex) TryLock(ctx context.Context) error {
 // [ErrNotHeld] when the Mutex holds no lease, and a [*LeaseLostError], at
 // once, when the lease was lost.
 //
+// A ctx that has ended does not keep Unlock from freeing the key: its
+// release is sent all the same, bounded by a second of its own, so that
+// defer mu.Unlock(ctx) with a request's ctx frees the key at once. Unlock
+// returns an error matching ctx's error only when that release could not
+// complete; the key is then free again at the latest a TTL later.
+//
 // Under contention, when the Mutex is locked again as soon as it is
 // unlocked, Unlock may queue the Mutex's next Lock in its release's write,
 // or keep a short hold for that Lock, which then takes it over with a new

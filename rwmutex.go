@@ -115,7 +115,10 @@ func (rw *RWMutex) TryLock(ctx context.Context) error {
 
 // Unlock releases the exclusive hold (see [Lease.Release]). It returns
 // [ErrNotHeld] when the RWMutex holds the key not exclusively, and a
-// [*LeaseLostError] when the hold was lost.
+// [*LeaseLostError] when the hold was lost. As for [Mutex.Unlock], a ctx
+// that has ended does not stop the release, which is sent bounded by a
+// second of its own; Unlock returns an error matching ctx's error only
+// when the release could not complete.
 func (rw *RWMutex) Unlock(ctx context.Context) error {
 	if rw == nil {
 		return ErrNotHeld
@@ -194,7 +197,9 @@ func (rw *RWMutex) TryRLock(ctx context.Context) error {
 // reported to the RUnlocks of goroutines that counted on a hold still
 // held, never withheld from one that counted on the lost hold. Otherwise
 // it returns what its release returns, or nil. It returns [ErrNotHeld]
-// when this Client holds no shared hold of the key.
+// when this Client holds no shared hold of the key. A release is sent even
+// when ctx has ended, as [Mutex.Unlock]'s is, and RUnlock returns an error
+// matching ctx's error only when it could not complete.
 func (rw *RWMutex) RUnlock(ctx context.Context) error {
 	if rw == nil || rw.c == nil {
 		return ErrNotHeld

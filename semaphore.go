@@ -14,7 +14,8 @@ const MaxPermits = 1000
 // permits are held at once, across all Clients and processes sharing the
 // collection. Each permit is a [Lease] with its own fencing token from the
 // key's one counter, extended in the background with the Client's other
-// leases, and given back with [Lease.Release]. A permit whose holder
+// leases, and given back with [Lease.Release] (which frees the permit even
+// when given a ctx that has ended, as [Mutex.Unlock] does). A permit whose holder
 // crashed or was cut off is free again within the same bound as a
 // [Mutex]'s key (see the package documentation).
 //
