@@ -297,7 +297,8 @@ func TestCloseDuringHandoff(t *testing.T) {
 		lockErr := <-got
 		require.NoError(t, <-closed)
 		if lockErr == nil {
-			require.ErrorIs(t, m2.Lease().Err(), ErrReleased, "Close ends the lease handed over")
+			require.ErrorIs(t, m2.lease.Err(), ErrReleased, "Close ends the lease handed over")
+			assert.Nil(t, m2.Lease(), "an ended lease is the Mutex's no more")
 		} else {
 			require.ErrorIs(t, lockErr, ErrClosed)
 		}
@@ -647,6 +648,7 @@ func TestExtensionFindingAnotherOwnerEndsLease(t *testing.T) {
 		c, h := memClient(t, st, WithTTL(ttl))
 		m := c.NewMutex("k")
 		require.NoError(t, m.Lock(context.Background()))
+		l := m.Lease()
 		start := time.Now()
 		h.on("extend", func(ctx context.Context, call func() error) error {
 			if h.count("extend") > 100 {
@@ -660,10 +662,10 @@ func TestExtensionFindingAnotherOwnerEndsLease(t *testing.T) {
 			st.mu.Unlock()
 			return call()
 		})
-		<-m.Lease().Lost()
+		<-l.Lost()
 		assert.Equal(t, ttl/3, time.Since(start), "lost at the extension that saw it")
 		var lost *LeaseLostError
-		require.ErrorAs(t, m.Lease().Err(), &lost)
+		require.ErrorAs(t, l.Err(), &lost)
 		assert.Nil(t, lost.Cause, "taken over, not expired")
 	})
 }

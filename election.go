@@ -87,9 +87,16 @@ func (c *Client) NewElection(name string, opts ...Option) *Election {
 func (e *Election) Name() string { return e.name }
 
 // Lease returns the lease of the term that this Election's last Campaign
-// won, or nil when it has not won one or has resigned since. The lease may
-// have been lost: check its Err.
+// won, or nil when it has not won one, has resigned since, or the term was
+// lost (its Err is not nil): a lost term is the Election's no more, as a
+// lost lease is a [Mutex]'s.
 func (e *Election) Lease() *Lease {
+	return stillHeld(e.term())
+}
+
+// term returns the last term won by Campaign, lost or not, until it is
+// resigned.
+func (e *Election) term() *Lease {
 	if e == nil {
 		return nil
 	}
@@ -120,9 +127,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Lease, error) {
 	if err := e.check(ctx, value); err != nil {
 		return nil, keyError("campaign", e.Name(), err)
 	}
-	if old := e.Lease(); old != nil && old.Err() != nil {
-		old.Release(ctx) // a lost term: give its place in the Client's queue up, at once
-	}
+	giveBackLost(ctx, e.term()) // give its place in the Client's queue up, at once
 	cl := claim{lk: e, cfg: &e.cfg, pace: &e.pace,
 		attempt: attempt{key: e.name, ttl: e.cfg.ttl, data: []byte(value), kind: e.kind()}}
 	l, err := e.c.lockExclusive(ctx, cl, "dlock.Campaign", false)
@@ -198,7 +203,7 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 	if err := e.check(ctx, value); err != nil {
 		return keyError("proclaim", e.name, err)
 	}
-	l := e.Lease()
+	l := e.term()
 	if l == nil {
 		return keyError("proclaim", e.name, ErrNotHeld)
 	}

@@ -224,6 +224,26 @@ func (l *Lease) Release(ctx context.Context) error {
 	return err
 }
 
+// stillHeld returns l if it is held (its Err is nil), else nil: what a
+// primitive's Lease method returns.
+func stillHeld(l *Lease) *Lease {
+	if l == nil || l.Err() != nil {
+		return nil
+	}
+	return l
+}
+
+// giveBackLost releases l, the last hold of a primitive that is about to
+// lock again, if it was lost: as its Release does, at once, which frees
+// the Client's slot for the key and tidies up in the background. The loss
+// is reported no more. A lost hold left as it is would keep the slot, and
+// the Lock would wait for itself.
+func giveBackLost(ctx context.Context, l *Lease) {
+	if l != nil && errors.Is(l.Err(), ErrLeaseLost) {
+		l.Release(ctx)
+	}
+}
+
 // returning reports whether Release was called: the release, not an
 // extension racing it, decides how the lease ends.
 func (l *Lease) returning() bool {

@@ -19,6 +19,12 @@ import (
 // Like a sync.Mutex it is not reentrant: a goroutine that locks a Mutex it
 // holds waits until the Mutex is unlocked.
 //
+// A lost lease (see [Lease.Lost]) is the Mutex's no more: Lease returns nil
+// from then on, and the next Lock or TryLock gives the lost hold back, as
+// Unlock would, and proceeds, without waiting for an Unlock. Until then,
+// Unlock returns the lease's [*LeaseLostError]. (An [Election] and the
+// write side of an [RWMutex] do the same; a [Semaphore] keeps no lease.)
+//
 // Make a Mutex with [Client.NewMutex]. Unlike a sync.Mutex, the zero value
 // is not usable, as it belongs to no Client: its Lock and TryLock return
 // [ErrNoClient], and its Unlock [ErrNotHeld].
@@ -29,21 +35,24 @@ type Mutex struct {
 	err error // invalid key or options
 
 	mu    sync.Mutex
-	lease *Lease // guarded by mu: the current hold, or nil
+	lease *Lease // guarded by mu: the last hold, until Unlock or the next Lock gives it back; nil when none
 	pace  pacing // what its waits and holds taught it (pacer.go)
 }
 
 // Key returns the Mutex's key.
 func (m *Mutex) Key() string { return m.key }
 
-// Lease returns the current lease, or nil when the Mutex is not held.
+// Lease returns the current lease, or nil when the Mutex is not held:
+// before Lock, after Unlock, and once the lease is lost (its Err is not
+// nil).
 func (m *Mutex) Lease() *Lease {
 	if m == nil {
 		return nil
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.lease
+	l := m.lease
+	m.mu.Unlock()
+	return stillHeld(l)
 }
 
 // Lock blocks until the Mutex holds its key, or ctx ends. While the key is
@@ -58,7 +67,8 @@ func (m *Mutex) Lease() *Lease {
 // [errors.Is], and leaves nothing held: if its last write may have acquired
 // the key, a short clean-up write in the background gives it back (one
 // that can free only that write's hold). A ctx that has already ended
-// returns at once, with no command sent. Lock never returns nil with a
+// returns at once, with no command sent. A lease of the Mutex that was lost
+// is given back first (see Mutex). Lock never returns nil with a
 // lease that has already ended: one whose acquire was answered after the
 // lease's local deadline is not returned, and Lock keeps trying (TryLock
 // returns a [*LeaseLostError] instead).
@@ -77,7 +87,8 @@ func (m *Mutex) Lock(ctx context.Context) error {
 // is reaped. An uncontended TryLock is one command; one that finds the key
 // held reads the document to tell a hold this Client abandoned, which it
 // takes over, and, with [WithServerClockTakeover], one abandoned more
-// than a TTL ago by the server's clock.
+// than a TTL ago by the server's clock. Like Lock, it gives a lost lease of
+// the Mutex back first.
 func (m *Mutex) TryLock(ctx context.Context) error {
 	return m.lock(ctx, "dlock.TryLock", true)
 }
@@ -132,6 +143,10 @@ func (m *Mutex) lock(ctx context.Context, name string, try bool) error {
 	case ctx.Err() != nil:
 		return keyError("lock", m.key, ctx.Err())
 	}
+	m.mu.Lock()
+	old := m.lease
+	m.mu.Unlock()
+	giveBackLost(ctx, old)
 	l, err := m.c.lockExclusive(ctx, m.claim(), name, try)
 	if err != nil {
 		return keyError("lock", m.key, err)

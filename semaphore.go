@@ -23,6 +23,12 @@ const MaxPermits = 1000
 // the key used with another n (or by a Mutex or RWMutex) returns an error
 // matching [ErrKindMismatch], never a silently larger limit.
 //
+// A Semaphore keeps no lease: each permit's Lease is the caller's. A permit
+// that was lost is the Semaphore's no more, as a lost lease is a
+// [Mutex]'s: its Release returns the loss (and frees its entry in the
+// background), and the next Acquire does not wait for it beyond its TTL,
+// as for any holder that stopped extending.
+//
 // A Semaphore is safe for concurrent use. Each Acquire takes a permit of its
 // own, on the server (goroutines of one Client do not share permits). Make
 // one with [Client.NewSemaphore]; the zero value's calls return [ErrNoClient].

@@ -201,7 +201,9 @@ func (r *runner) lock(wait context.Context) error {
 		err = mu.Lock(wait) // retries what waiting may mend
 	}
 	if err == nil {
-		r.lease = mu.Lease()
+		if r.lease = mu.Lease(); r.lease == nil { // lost already (this process was paused)
+			err = fmt.Errorf("dlock: the lease on %q was lost as soon as it was taken", r.key)
+		}
 	}
 	return err
 }
