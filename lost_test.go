@@ -19,10 +19,10 @@ func lose(h *hooked, l *Lease) {
 }
 
 // One behaviour for a lost hold, whatever the primitive: the primitive
-// holds it no more (its Lease returns nil, or a hold still held), and its
-// next Lock proceeds without an Unlock, at once rather than after a TTL
-// (or, for a lost hold of another Client, forever, as it was). The Unlock
-// that comes before any new Lock reports the loss.
+// holds it no more (its Lease returns nil), and its next Lock proceeds
+// without an Unlock, at once: it neither waits for the lost hold in the
+// Client nor for its TTL on the server. The Unlock that comes before any
+// new Lock reports the loss.
 func TestLostHoldIsForgotten(t *testing.T) {
 	const ttl = 10 * time.Second
 	ctx := context.Background()
