@@ -78,9 +78,59 @@ func (c *Client) lockShared(ctx context.Context, cl claim, name string, try bool
 }
 
 // errLateReply is the cause of a hold lost before Lock could return it: the
-// acquire was answered after the lease's local deadline. Lock retries; a
-// TryLock returns it in a *LeaseLostError.
+// acquire was answered after the lease's local deadline. Lock retries, up
+// to lateReplies times in a row; a TryLock returns it in a
+// *LeaseLostError.
 var errLateReply = errors.New("dlock: the acquire was answered after the lease's local deadline")
+
+// lateReplies is how many of a wait's writes that won something (a hold,
+// a place in the queue), in a row, answered after their local deadline,
+// end the wait with ErrTTLTooShort: one is a slow reply (a pause, a
+// failover), three in a row are a TTL under the round trip.
+const lateReplies = 3
+
+// A waitLog is what a wait saw, for the error it ends with.
+type waitLog struct {
+	lastErr error // the last transient failure
+	late    int   // writes answered after their local deadline since the last that won in time
+}
+
+// tooLate counts err, a round's error (nil for none), if it is
+// errLateReply, and returns the error to end the wait with once the late
+// writes in a row number lateReplies: the TTL is shorter than the round
+// trip. A write that won in time resets the count (registeredInTime); an
+// acquire that won in time ends the wait. The late replies are the
+// error: no last error is named beside it.
+func (w *waitLog) tooLate(err error, ttl time.Duration) error {
+	if !errors.Is(err, errLateReply) {
+		return nil
+	}
+	if w.late++; w.late < lateReplies {
+		return nil
+	}
+	w.lastErr = nil
+	return fmt.Errorf("%w: %d writes in a row were answered after their local deadline (TTL %v)",
+		ErrTTLTooShort, w.late, ttl)
+}
+
+// registeredInTime checks the registration that join just made or
+// adopted, if any. One whose reply came after its local deadline has
+// ended already, and, unregistered, the wait's own entry would keep its
+// attempts out of the queue: it is removed in the background and
+// errLateReply returned. One answered in time resets the late count.
+func (x *exclusiveWait) registeredInTime() error {
+	switch {
+	case x.q.reg == nil:
+		return nil
+	case x.q.registered():
+		x.late = 0
+		return nil
+	}
+	c, ref := x.c, x.q.reg.ref()
+	c.tidy(cleanupTimeout, func(ctx context.Context) { c.store.release(ctx, ref) }) // not the TTL: too short for an answer
+	x.q = queueing{}
+	return errLateReply
+}
 
 // grant makes the lease of a hold that a made with token t, by a write
 // sent at sent, and has the extender keep it. When Close has begun it
@@ -140,7 +190,11 @@ func (c *Client) waitPoll(ctx context.Context, cl claim, d time.Duration, w *wat
 // cancelled command; and the last transient failure is named.
 func (c *Client) giveUp(ctx context.Context, a attempt, unsure bool, lastErr, err error) error {
 	if unsure {
-		c.tidy(a.ttl, func(ctx context.Context) { c.store.abandon(ctx, a) })
+		bound := a.ttl
+		if errors.Is(err, ErrTTLTooShort) {
+			bound = cleanupTimeout // a TTL is too short for an answer
+		}
+		c.tidy(bound, func(ctx context.Context) { c.store.abandon(ctx, a) })
 	}
 	switch {
 	case ctx.Err() != nil && !errors.Is(err, ErrClosed):
@@ -213,6 +267,9 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 				continue
 			}
 		}
+		if tooLate := x.tooLate(err, x.a.ttl); tooLate != nil {
+			return nil, x.attempts, x.giveUp(tooLate)
+		}
 		switch {
 		case err != nil && (try || ctx.Err() != nil || !(transient(err) || errors.Is(err, errLateReply))):
 			return nil, x.attempts, x.giveUp(err)
@@ -242,7 +299,7 @@ type sharedWait struct {
 	attempts  int
 	unsure    bool      // an attempt may have applied without our seeing the reply
 	firstSent time.Time // when the first attempt whose outcome is unknown was sent
-	lastErr   error     // the last transient failure
+	waitLog             // what the wait saw, for its error
 	ready     bool      // with stepAgain from read: the record looks takeable, attempt at once
 }
 

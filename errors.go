@@ -53,6 +53,12 @@ var (
 	// ErrNoLeader is returned by [Election.Leader] when nobody leads the
 	// election: its key is free, or has never been campaigned for.
 	ErrNoLeader = errors.New("dlock: no leader")
+	// ErrTTLTooShort is returned by a Lock (and RLock, Acquire, Campaign)
+	// whose acquires are answered, several times in a row, after the
+	// lease's local deadline: the TTL ([WithTTL]) is shorter than the
+	// server's round trip, and no hold it wins could be relied on. The Lock
+	// leaves nothing held.
+	ErrTTLTooShort = errors.New("dlock: TTL too short for this server's round trip")
 )
 
 // What TryLock's ErrLocked says of the holder.

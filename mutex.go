@@ -71,7 +71,10 @@ func (m *Mutex) Lease() *Lease {
 // is given back first (see Mutex). Lock never returns nil with a
 // lease that has already ended: one whose acquire was answered after the
 // lease's local deadline is not returned, and Lock keeps trying (TryLock
-// returns a [*LeaseLostError] instead).
+// returns a [*LeaseLostError] instead); after three such answers in a row
+// (or registrations in the queue answered as late), the TTL is shorter
+// than the server's round trip, and Lock returns an error matching
+// [ErrTTLTooShort], leaving nothing held.
 //
 // When the Client is closed, or closes while Lock waits, Lock returns
 // [ErrClosed]; a hold it won as Close began is given back first.

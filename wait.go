@@ -106,7 +106,7 @@ type exclusiveWait struct {
 	attempts  int
 	unsure    bool   // an attempt may have applied without our seeing the reply
 	afterRead bool   // this attempt follows a read (or a registration) at once: if it fails too, the read lagged
-	lastErr   error  // the last transient failure
+	waitLog          // what the wait saw, for its error (acquire.go)
 	holder    record // the last holder reported to the trace
 	events    int    // holders reported
 	tracing   bool   // the Lock span is recorded
@@ -258,6 +258,9 @@ func (x *exclusiveWait) join() (step, error) {
 		x.enqueue = false
 		r, err = c.enqueue(x.ctx, cl, x.a, &x.q)
 	}
+	if err == nil {
+		err = x.registeredInTime()
+	}
 	if err != nil {
 		return stepOn, err
 	}
@@ -402,9 +405,12 @@ func (x *exclusiveWait) saw(r record, sent time.Time) {
 }
 
 // settle acts on the round's error: it ends the wait on one that waiting
-// will not mend (or on any, with try), and registers a wait that has not
-// yet, at once.
+// will not mend (or on any, with try; or on the lateReplies-th late reply
+// in a row), and registers a wait that has not yet, at once.
 func (x *exclusiveWait) settle(err error) (step, error) {
+	if tooLate := x.tooLate(err, x.a.ttl); tooLate != nil {
+		return stepDone, x.giveUp(tooLate)
+	}
 	switch {
 	case errors.Is(err, ErrKindMismatch):
 		return stepDone, x.giveUp(err)

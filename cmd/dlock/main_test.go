@@ -275,6 +275,7 @@ func TestRunEnvironmentAndRelease(t *testing.T) {
 	assert.Equal(t, strconv.Itoa(p.cmd.Process.Pid), owner[1])
 	assert.Len(t, owner[2], 32)
 	assert.Equal(t, []string{
+		`dlock run: locking "nightly-report"`,
 		`dlock run: holding "nightly-report" with token 1`,
 		`dlock run: released "nightly-report"`,
 	}, stderr)
@@ -346,6 +347,7 @@ func TestRunWaitsForHolder(t *testing.T) {
 
 	b := start(t, []string{"LOG=" + log}, runArgs(coll, "-v", "k", "--",
 		"sh", "-c", `echo "B-start-$DLOCK_TOKEN" >>"$LOG"`)...)
+	assert.Equal(t, `dlock run: locking "k"`, line(t, b.stderr, "B locking"))
 	assert.Equal(t, `dlock run: "k" is held; waiting`, line(t, b.stderr, "B waiting"))
 	assert.Equal(t, []string{"A-start"}, readLog(t, log), "B's COMMAND ran while A held the key")
 
@@ -355,6 +357,28 @@ func TestRunWaitsForHolder(t *testing.T) {
 	status, _, stderr = b.wait(t)
 	require.Equal(t, 0, status, "B: %q", stderr)
 	assert.Equal(t, []string{"A-start", "A-end", "B-start-2"}, readLog(t, log))
+}
+
+// A -ttl shorter than the server's round trip: dlock run says from the
+// start what it is waiting for, and gives up, as bad usage, instead of
+// waiting silently until -timeout.
+func TestRunTTLTooShort(t *testing.T) {
+	coll := collection(t)
+	probe, err := dlock.NewClient(mc.Database(testDB).Collection(coll), dlock.WithTTL(time.Millisecond))
+	require.NoError(t, err)
+	defer probe.Close(context.Background())
+	if probe.NewMutex("probe").TryLock(context.Background()) == nil {
+		t.Skip("this server answers an acquire within a TTL of 1 ms")
+	}
+	ran := filepath.Join(t.TempDir(), "ran")
+	p := start(t, nil, runArgs(coll, "-v", "-ttl", "1ms", "-timeout", "15s", "k", "--", "touch", ran)...)
+	p.stdin.Close()
+	assert.Equal(t, `dlock run: locking "k"`, line(t, p.stderr, "the first line"))
+	status, _, stderr := p.wait(t)
+	assert.Equal(t, exitUsage, status)
+	requireOneLine(t, stderr, "TTL too short for this server's round trip")
+	assert.Contains(t, stderr[0], "-ttl")
+	assert.NoFileExists(t, ran, "COMMAND ran")
 }
 
 func TestRunTryAndTimeout(t *testing.T) {
@@ -439,6 +463,7 @@ func TestRunForwardsSignals(t *testing.T) {
 	// A signal while waiting for the key ends the wait.
 	a := holder(t, coll, "k", "A", log)
 	b := start(t, nil, runArgs(coll, "-v", "k", "--", "true")...)
+	line(t, b.stderr, "B locking")
 	line(t, b.stderr, "B waiting")
 	require.NoError(t, b.cmd.Process.Signal(syscall.SIGTERM))
 	status, _, stderr = b.wait(t)
@@ -646,6 +671,7 @@ func TestRunForwardsEverySignal(t *testing.T) {
 
 			a := holder(t, coll, "k", "A", log)
 			b := start(t, nil, runArgs(coll, "-v", "k", "--", "true")...)
+			line(t, b.stderr, "B locking")
 			line(t, b.stderr, "B waiting")
 			require.NoError(t, b.cmd.Process.Signal(tc.sig))
 			status, _, stderr = b.wait(t)
