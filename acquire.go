@@ -91,8 +91,34 @@ const lateReplies = 3
 
 // A waitLog is what a wait saw, for the error it ends with.
 type waitLog struct {
-	lastErr error // the last transient failure
-	late    int   // writes answered after their local deadline since the last that won in time
+	lastErr error    // the last transient failure
+	late    int      // writes answered after their local deadline since the last that won in time
+	holders []Holder // the holds of the last record seen held, up to maxHeldEvents
+	more    int      // the holds of that record beyond holders
+}
+
+// sawHeld records who holds r, a record the wait read or wrote, if anyone
+// does.
+func (w *waitLog) sawHeld(r record) {
+	hs := holdersOf(r)
+	if len(hs) == 0 {
+		return
+	}
+	n := min(len(hs), maxHeldEvents)
+	w.holders, w.more = hs[:n:n], len(hs)-n
+}
+
+// waitError is the error of a wait for key that ctx ended, whose last
+// round failed with err: a *WaitError with what the wait saw. err is its
+// last error when it is the server's (not an account of the command ctx
+// cut short), or the driver's failure to select a server, which names
+// why none could be reached.
+func (w *waitLog) waitError(ctx context.Context, key string, err error) error {
+	last := w.lastErr
+	if err != nil && (unanswered(err) || !errors.Is(err, ctx.Err())) {
+		last = err
+	}
+	return &WaitError{Key: key, Err: ctx.Err(), LastErr: last, Holders: w.holders, more: w.more}
 }
 
 // tooLate counts err, a round's error (nil for none), if it is
@@ -186,9 +212,10 @@ func (c *Client) waitPoll(ctx context.Context, cl claim, d time.Duration, w *wat
 
 // giveUp is how an acquisition that gives up with err ends: the attempt a
 // whose outcome is unknown (unsure) is given back in the background; a
-// wait that ctx ended reports ctx's error, not the driver's account of the
-// cancelled command; and the last transient failure is named.
-func (c *Client) giveUp(ctx context.Context, a attempt, unsure bool, lastErr, err error) error {
+// wait that ctx ended reports ctx's error, in a *WaitError with what the
+// wait saw (log), not the driver's account of the cancelled command; and
+// otherwise the last transient failure is named.
+func (c *Client) giveUp(ctx context.Context, a attempt, unsure bool, log *waitLog, err error) error {
 	if unsure {
 		bound := a.ttl
 		if errors.Is(err, ErrTTLTooShort) {
@@ -198,9 +225,9 @@ func (c *Client) giveUp(ctx context.Context, a attempt, unsure bool, lastErr, er
 	}
 	switch {
 	case ctx.Err() != nil && !errors.Is(err, ErrClosed):
-		return ctx.Err()
-	case lastErr != nil && err != lastErr:
-		return errorf("dlock: %w (last error: %w)", err, lastErr)
+		return log.waitError(ctx, a.key, err)
+	case log.lastErr != nil && err != log.lastErr:
+		return errorf("dlock: %w (last error: %w)", err, log.lastErr)
 	}
 	return err
 }
@@ -304,7 +331,7 @@ type sharedWait struct {
 }
 
 func (x *sharedWait) giveUp(err error) error {
-	return x.c.giveUp(x.ctx, x.a, x.unsure, x.lastErr, err)
+	return x.c.giveUp(x.ctx, x.a, x.unsure, &x.waitLog, err)
 }
 
 // take makes the lease of the hold a has in r, its token counted from the
@@ -388,6 +415,7 @@ func (x *sharedWait) read() (step, error) {
 	}
 	a.token = r.Token
 	x.cl.pace.sawToken(r.Token, c.clock.Now())
+	x.sawHeld(r)
 	if x.ready = r.sharable(*a); x.ready {
 		return stepAgain, nil
 	}

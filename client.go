@@ -374,7 +374,7 @@ func (c *Client) enter(ctx context.Context, cl claim, try bool) (*Lease, error) 
 	case l := <-w.ch:
 		return l, nil
 	case <-ctx.Done():
-		err = ctx.Err()
+		err = &WaitError{Key: key, Err: ctx.Err(), Holders: []Holder{{Owner: c.owner}}, local: true}
 	case <-c.closing:
 		err = ErrClosed
 	}

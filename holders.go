@@ -46,6 +46,12 @@ func (c *Client) Holders(ctx context.Context, key string) ([]Holder, error) {
 	if err != nil {
 		return nil, err
 	}
+	return holdersOf(r), nil
+}
+
+// holdersOf returns who holds r: the exclusive holder, or the shared
+// holders in the order of their tokens; none when the key is free.
+func holdersOf(r record) []Holder {
 	var hs []Holder
 	if r.Owner != "" {
 		hs = append(hs, Holder{Owner: r.Owner, Token: r.Token, Data: r.Data})
@@ -54,5 +60,5 @@ func (c *Client) Holders(ctx context.Context, key string) ([]Holder, error) {
 		hs = append(hs, Holder{Owner: e.Owner, Token: e.Token, Data: e.Data, Shared: true})
 	}
 	slices.SortFunc(hs, func(a, b Holder) int { return cmp.Compare(a.Token, b.Token) })
-	return hs, nil
+	return hs
 }

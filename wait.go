@@ -133,7 +133,7 @@ func (c *Client) newExclusiveWait(ctx context.Context, cl claim, try bool) *excl
 // giveUp ends the wait with err: see Client.giveUp.
 func (x *exclusiveWait) giveUp(err error) error {
 	x.c.unregister(x.q.reg)
-	return x.c.giveUp(x.ctx, x.a, x.unsure, x.lastErr, err)
+	return x.c.giveUp(x.ctx, x.a, x.unsure, &x.waitLog, err)
 }
 
 // resumeKept takes over the hold that the last Unlock kept for this call,
@@ -399,8 +399,9 @@ func (x *exclusiveWait) read() (step, error) {
 }
 
 // saw tells the pacing what the record r, returned by a command sent at
-// sent, shows of the wait's place.
+// sent, shows of the wait's place, and the wait's log who holds it.
 func (x *exclusiveWait) saw(r record, sent time.Time) {
+	x.sawHeld(r)
 	x.sched.saw(r, sent, x.c.clock.Now(), x.q.registered(), len(x.q.ahead), x.a.kind == kindRW)
 }
 

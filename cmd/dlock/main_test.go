@@ -396,7 +396,7 @@ func TestRunTryAndTimeout(t *testing.T) {
 	begin := time.Now()
 	status, _, stderr = dlockRun(t, nil, runArgs(coll, "-timeout", "300ms", "k", "--", "touch", ran)...)
 	assert.Equal(t, exitHeld, status)
-	requireOneLine(t, stderr, `"k" not acquired within -timeout 300ms`)
+	requireOneLine(t, stderr, `"k" not acquired within -timeout 300ms: lock "k": context deadline exceeded (last seen held by `)
 	assert.GreaterOrEqual(t, time.Since(begin), 300*time.Millisecond)
 
 	assert.NoFileExists(t, ran, "COMMAND ran while the key was held")

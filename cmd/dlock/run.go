@@ -180,7 +180,7 @@ func (r *runner) acquire(ctx context.Context) int {
 	case errors.Is(err, dlock.ErrLocked):
 		return failf(exitHeld, "dlock %s: %q is held by another owner (-try)", r.verb, r.key)
 	case errors.Is(err, context.DeadlineExceeded) && wait.Err() != nil:
-		return failf(exitHeld, "dlock %s: %q not acquired within -timeout %v", r.verb, r.key, r.flags.timeout)
+		return failf(exitHeld, "dlock %s: %q not acquired within -timeout %v: %s", r.verb, r.key, r.flags.timeout, errorText(err))
 	case errors.Is(err, dlock.ErrTTLTooShort):
 		return failf(exitUsage, "dlock %s: %s (raise -ttl)", r.verb, errorText(err))
 	case errors.Is(err, dlock.ErrInvalidKey), errors.Is(err, dlock.ErrInvalidOption),
