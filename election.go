@@ -119,7 +119,8 @@ func (e *Election) term() *Lease {
 // name must be released to let others of the Client campaign.
 //
 // When ctx ends first, Campaign returns an error matching ctx.Err() with
-// [errors.Is] and leaves nothing held (a term its last write may have won
+// [errors.Is] and wrapping a [*WaitError] (who led, the last error from
+// the server), and leaves nothing held (a term its last write may have won
 // is given back in the background). When the Client is closed, or closes
 // meanwhile, it returns [ErrClosed]. A value longer than [MaxDataLen]
 // bytes returns [ErrInvalidOption] with no command sent.

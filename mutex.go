@@ -64,17 +64,20 @@ func (m *Mutex) Lease() *Lease {
 // decided without comparing clocks).
 //
 // When ctx ends first, Lock returns an error that matches ctx.Err() with
-// [errors.Is], and leaves nothing held: if its last write may have acquired
-// the key, a short clean-up write in the background gives it back (one
-// that can free only that write's hold). A ctx that has already ended
-// returns at once, with no command sent. A lease of the Mutex that was lost
-// is given back first (see Mutex). Lock never returns nil with a
-// lease that has already ended: one whose acquire was answered after the
-// lease's local deadline is not returned, and Lock keeps trying (TryLock
-// returns a [*LeaseLostError] instead); after three such answers in a row
-// (or registrations in the queue answered as late), the TTL is shorter
-// than the server's round trip, and Lock returns an error matching
-// [ErrTTLTooShort], leaving nothing held.
+// [errors.Is] and wraps a [*WaitError], which also matches the last error
+// the server gave (with errors.Is and errors.As: a network fault, or no
+// server that could be selected) and says who held the key when the wait
+// last saw it held. Lock then leaves nothing held: if its last write may
+// have acquired the key, a short clean-up write in the background gives it
+// back (one that can free only that write's hold). A ctx that has already
+// ended returns at once, with no command sent and ctx's error alone. A
+// lease of the Mutex that was lost is given back first (see Mutex). Lock
+// never returns nil with a lease that has already ended: one whose acquire
+// was answered after the lease's local deadline is not returned, and Lock
+// keeps trying (TryLock returns a [*LeaseLostError] instead); after three
+// such answers in a row (or registrations in the queue answered as late),
+// the TTL is shorter than the server's round trip, and Lock returns an
+// error matching [ErrTTLTooShort], leaving nothing held.
 //
 // When the Client is closed, or closes while Lock waits, Lock returns
 // [ErrClosed]; a hold it won as Close began is given back first.

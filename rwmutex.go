@@ -185,7 +185,8 @@ func (rw *RWMutex) check(ctx context.Context) error {
 // polls the server, one read a poll.
 //
 // When ctx ends first, RLock returns an error that matches ctx.Err() with
-// [errors.Is] and leaves nothing held. When the Client is closed, or
+// [errors.Is] and wraps a [*WaitError], as [Mutex.Lock] does, and leaves
+// nothing held. When the Client is closed, or
 // closes while RLock waits, RLock returns [ErrClosed]: once Close has
 // begun, as Lock does, even where it would join a hold.
 func (rw *RWMutex) RLock(ctx context.Context) error {
@@ -292,8 +293,8 @@ func (rw *RWMutex) rlock(ctx context.Context, name string, try bool) error {
 			select {
 			case <-pending:
 				continue
-			case <-ctx.Done():
-				return keyError("rlock", rw.key, ctx.Err())
+			case <-ctx.Done(): // waiting for this Client's own RLock, it saw nothing of the key
+				return keyError("rlock", rw.key, &WaitError{Key: rw.key, Err: ctx.Err()})
 			case <-c.closing:
 				return keyError("rlock", rw.key, ErrClosed)
 			}

@@ -71,7 +71,8 @@ func (s *Semaphore) N() int { return s.n }
 // queues first come, first served).
 //
 // When ctx ends first, Acquire returns an error that matches ctx.Err() with
-// [errors.Is] and leaves no permit held: a permit its last write may have
+// [errors.Is] and wraps a [*WaitError] (who held the permits when it last
+// read them, the last error from the server), and leaves no permit held: a permit its last write may have
 // taken is given back in the background. When the Client is closed, or
 // closes meanwhile, it returns [ErrClosed].
 func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
