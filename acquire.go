@@ -78,9 +78,85 @@ func (c *Client) lockShared(ctx context.Context, cl claim, name string, try bool
 }
 
 // errLateReply is the cause of a hold lost before Lock could return it: the
-// acquire was answered after the lease's local deadline. Lock retries; a
-// TryLock returns it in a *LeaseLostError.
+// acquire was answered after the lease's local deadline. Lock retries, up
+// to lateReplies times in a row; a TryLock returns it in a
+// *LeaseLostError.
 var errLateReply = errors.New("dlock: the acquire was answered after the lease's local deadline")
+
+// lateReplies is how many of a wait's writes that won something (a hold,
+// a place in the queue), in a row, answered after their local deadline,
+// end the wait with ErrTTLTooShort: one is a slow reply (a pause, a
+// failover), three in a row are a TTL under the round trip.
+const lateReplies = 3
+
+// A waitLog is what a wait saw, for the error it ends with.
+type waitLog struct {
+	lastErr error    // the last transient failure
+	late    int      // writes answered after their local deadline since the last that won in time
+	holders []Holder // the holds of the last record seen held, up to maxHeldEvents
+	more    int      // the holds of that record beyond holders
+}
+
+// sawHeld records who holds r, a record the wait read or wrote, if anyone
+// does.
+func (w *waitLog) sawHeld(r record) {
+	hs := holdersOf(r)
+	if len(hs) == 0 {
+		return
+	}
+	n := min(len(hs), maxHeldEvents)
+	w.holders, w.more = hs[:n:n], len(hs)-n
+}
+
+// waitError is the error of a wait for key that ctx ended, whose last
+// round failed with err: a *WaitError with what the wait saw. err is its
+// last error when it is the server's (not an account of the command ctx
+// cut short), or the driver's failure to select a server, which names
+// why none could be reached.
+func (w *waitLog) waitError(ctx context.Context, key string, err error) error {
+	last := w.lastErr
+	if err != nil && (unanswered(err) || !errors.Is(err, ctx.Err())) {
+		last = err
+	}
+	return &WaitError{Key: key, Err: ctx.Err(), LastErr: last, Holders: w.holders, more: w.more}
+}
+
+// tooLate counts err, a round's error (nil for none), if it is
+// errLateReply, and returns the error to end the wait with once the late
+// writes in a row number lateReplies: the TTL is shorter than the round
+// trip. A write that won in time resets the count (registeredInTime); an
+// acquire that won in time ends the wait. The late replies are the
+// error: no last error is named beside it.
+func (w *waitLog) tooLate(err error, ttl time.Duration) error {
+	if !errors.Is(err, errLateReply) {
+		return nil
+	}
+	if w.late++; w.late < lateReplies {
+		return nil
+	}
+	w.lastErr = nil
+	return fmt.Errorf("%w: %d writes in a row were answered after their local deadline (TTL %v)",
+		ErrTTLTooShort, w.late, ttl)
+}
+
+// registeredInTime checks the registration that join just made or
+// adopted, if any. One whose reply came after its local deadline has
+// ended already, and, unregistered, the wait's own entry would keep its
+// attempts out of the queue: it is removed in the background and
+// errLateReply returned. One answered in time resets the late count.
+func (x *exclusiveWait) registeredInTime() error {
+	switch {
+	case x.q.reg == nil:
+		return nil
+	case x.q.registered():
+		x.late = 0
+		return nil
+	}
+	c, ref := x.c, x.q.reg.ref()
+	c.tidy(cleanupTimeout, func(ctx context.Context) { c.store.release(ctx, ref) }) // not the TTL: too short for an answer
+	x.q = queueing{}
+	return errLateReply
+}
 
 // grant makes the lease of a hold that a made with token t, by a write
 // sent at sent, and has the extender keep it. When Close has begun it
@@ -136,17 +212,22 @@ func (c *Client) waitPoll(ctx context.Context, cl claim, d time.Duration, w *wat
 
 // giveUp is how an acquisition that gives up with err ends: the attempt a
 // whose outcome is unknown (unsure) is given back in the background; a
-// wait that ctx ended reports ctx's error, not the driver's account of the
-// cancelled command; and the last transient failure is named.
-func (c *Client) giveUp(ctx context.Context, a attempt, unsure bool, lastErr, err error) error {
+// wait that ctx ended reports ctx's error, in a *WaitError with what the
+// wait saw (log), not the driver's account of the cancelled command; and
+// otherwise the last transient failure is named.
+func (c *Client) giveUp(ctx context.Context, a attempt, unsure bool, log *waitLog, err error) error {
 	if unsure {
-		c.tidy(a.ttl, func(ctx context.Context) { c.store.abandon(ctx, a) })
+		bound := a.ttl
+		if errors.Is(err, ErrTTLTooShort) {
+			bound = cleanupTimeout // a TTL is too short for an answer
+		}
+		c.tidy(bound, func(ctx context.Context) { c.store.abandon(ctx, a) })
 	}
 	switch {
 	case ctx.Err() != nil && !errors.Is(err, ErrClosed):
-		return ctx.Err()
-	case lastErr != nil && err != lastErr:
-		return errorf("dlock: %w (last error: %w)", err, lastErr)
+		return log.waitError(ctx, a.key, err)
+	case log.lastErr != nil && err != log.lastErr:
+		return errorf("dlock: %w (last error: %w)", err, log.lastErr)
 	}
 	return err
 }
@@ -213,6 +294,9 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 				continue
 			}
 		}
+		if tooLate := x.tooLate(err, x.a.ttl); tooLate != nil {
+			return nil, x.attempts, x.giveUp(tooLate)
+		}
 		switch {
 		case err != nil && (try || ctx.Err() != nil || !(transient(err) || errors.Is(err, errLateReply))):
 			return nil, x.attempts, x.giveUp(err)
@@ -243,12 +327,12 @@ type sharedWait struct {
 	attempts  int
 	unsure    bool      // an attempt may have applied without our seeing the reply
 	firstSent time.Time // when the first attempt whose outcome is unknown was sent
-	lastErr   error     // the last transient failure
+	waitLog             // what the wait saw, for its error
 	ready     bool      // with stepAgain from read: the record looks takeable, attempt at once
 }
 
 func (x *sharedWait) giveUp(err error) error {
-	return x.c.giveUp(x.ctx, x.a, x.unsure, x.lastErr, err)
+	return x.c.giveUp(x.ctx, x.a, x.unsure, &x.waitLog, err)
 }
 
 // take makes the lease of the hold a has in r, its token counted from the
@@ -332,6 +416,7 @@ func (x *sharedWait) read() (step, error) {
 	}
 	a.token = r.Token
 	x.cl.pace.sawToken(r.Token, c.clock.Now())
+	x.sawHeld(r)
 	if x.ready = r.sharable(*a); x.ready {
 		return stepAgain, nil
 	}

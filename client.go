@@ -15,8 +15,34 @@ import (
 
 // cleanupTimeout bounds a clean-up write: the detached write that gives
 // back a hold whose acquisition raced with a cancelled context, or that
-// tidies up after a lost lease.
+// tidies up after a lost lease; and a release (Unlock, Close) whose
+// caller's ctx had ended (cleanupContext).
 const cleanupTimeout = time.Second
+
+// cleanupContext returns the context of a release that a call makes with
+// ctx: ctx itself while it lasts; once it has ended, a context with its
+// values, detached from its end and bounded by cleanupTimeout. A release
+// is clean-up: a deferred Unlock with a request's ctx that has ended must
+// still free the key at once, not leave it held for a TTL. Call stop once
+// the release returns.
+func cleanupContext(ctx context.Context) (_ context.Context, stop context.CancelFunc) {
+	if ctx.Err() == nil {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+}
+
+// cleanupError is the error of a release (what: the operation and key)
+// that a call with ctx sent on cleanupContext(ctx) and that returned err:
+// err as it is, unless ctx has ended and the release got no answer (a
+// store's error, not a lost lease's); then an error that matches ctx's
+// error, and err.
+func cleanupError(ctx context.Context, what string, err error) error {
+	if err == nil || ctx.Err() == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrClosed) {
+		return err
+	}
+	return errorf(prefix+"%s: %w; the release, sent regardless, failed: %w", what, ctx.Err(), err)
+}
 
 // A Client hands out distributed locks stored in one MongoDB collection,
 // one document per key (and one floor document, see [Client.Prune]). It
@@ -217,7 +243,10 @@ func containsNUL(s string) bool {
 // over) to finish, so that what they hold is freed too; and last for
 // background clean-up writes. When ctx ends first, Close stops waiting,
 // cancels the clean-ups, and the keys they were to free are free again a
-// TTL later. Closing twice returns [ErrClosed].
+// TTL later. The one write that frees the keys of the leases is sent even
+// when ctx has ended already, as [Mutex.Unlock]'s release is, bounded by a
+// second of its own; Close returns an error matching ctx's error only when
+// that write could not complete. Closing twice returns [ErrClosed].
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
 	if c.calls.closed {
@@ -243,7 +272,9 @@ func (c *Client) Close(ctx context.Context) error {
 			refs = append(refs, l.ref())
 		}
 	}
-	err := c.store.releaseAll(ctx, refs)
+	rctx, stop := cleanupContext(ctx)
+	err := cleanupError(ctx, "close", c.store.releaseAll(rctx, refs))
+	stop()
 
 	c.mu.Lock()
 	tidying := c.tidying.close()
@@ -343,7 +374,7 @@ func (c *Client) enter(ctx context.Context, cl claim, try bool) (*Lease, error) 
 	case l := <-w.ch:
 		return l, nil
 	case <-ctx.Done():
-		err = ctx.Err()
+		err = &WaitError{Key: key, Err: ctx.Err(), Holders: []Holder{{Owner: c.owner}}, local: true}
 	case <-c.closing:
 		err = ErrClosed
 	}

@@ -297,7 +297,8 @@ func TestCloseDuringHandoff(t *testing.T) {
 		lockErr := <-got
 		require.NoError(t, <-closed)
 		if lockErr == nil {
-			require.ErrorIs(t, m2.Lease().Err(), ErrReleased, "Close ends the lease handed over")
+			require.ErrorIs(t, m2.lease.Err(), ErrReleased, "Close ends the lease handed over")
+			assert.Nil(t, m2.Lease(), "an ended lease is the Mutex's no more")
 		} else {
 			require.ErrorIs(t, lockErr, ErrClosed)
 		}
@@ -647,6 +648,7 @@ func TestExtensionFindingAnotherOwnerEndsLease(t *testing.T) {
 		c, h := memClient(t, st, WithTTL(ttl))
 		m := c.NewMutex("k")
 		require.NoError(t, m.Lock(context.Background()))
+		l := m.Lease()
 		start := time.Now()
 		h.on("extend", func(ctx context.Context, call func() error) error {
 			if h.count("extend") > 100 {
@@ -660,10 +662,10 @@ func TestExtensionFindingAnotherOwnerEndsLease(t *testing.T) {
 			st.mu.Unlock()
 			return call()
 		})
-		<-m.Lease().Lost()
+		<-l.Lost()
 		assert.Equal(t, ttl/3, time.Since(start), "lost at the extension that saw it")
 		var lost *LeaseLostError
-		require.ErrorAs(t, m.Lease().Err(), &lost)
+		require.ErrorAs(t, l.Err(), &lost)
 		assert.Nil(t, lost.Cause, "taken over, not expired")
 	})
 }
@@ -769,4 +771,59 @@ func TestLongestExtendIntervalSurvivesAFailure(t *testing.T) {
 		require.NoError(t, m.Lease().Err(), "lost after one failed extension at the longest interval")
 		assert.GreaterOrEqual(t, h.count("extend"), 6)
 	})
+}
+
+// A TTL shorter than the server's round trip: every acquire, and every
+// registration in the queue, is answered after its local deadline. A Lock
+// (or a shared acquire) that sees that lateReplies times in a row returns
+// ErrTTLTooShort, rather than retry until its ctx ends, and leaves nothing
+// held. After a TryLock, whose late hold stays on the server (its clean-up,
+// bounded by the TTL, gets no answer), the Lock finds the key held by
+// that hold, and registers: registrations answered late count too, or the
+// wait would register again and again.
+func TestLockTTLShorterThanRoundTrip(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lock func(ctx context.Context, c *Client, h *hooked) error
+	}{
+		{"Mutex.Lock", func(ctx context.Context, c *Client, _ *hooked) error { return c.NewMutex("k").Lock(ctx) }},
+		{"Election.Campaign", func(ctx context.Context, c *Client, _ *hooked) error {
+			_, err := c.NewElection("k").Campaign(ctx, "v")
+			return err
+		}},
+		{"RWMutex.RLock", func(ctx context.Context, c *Client, _ *hooked) error { return c.NewRWMutex("k").RLock(ctx) }},
+		{"Semaphore.Acquire", func(ctx context.Context, c *Client, _ *hooked) error {
+			_, err := c.NewSemaphore("k", 2).Acquire(ctx)
+			return err
+		}},
+		{"Mutex.TryLock then Lock", func(ctx context.Context, c *Client, h *hooked) error {
+			m := c.NewMutex("k")
+			h.on("abandon", hang) // the TryLock's clean-up, bounded by the TTL
+			require.ErrorIs(t, m.TryLock(ctx), errLateReply)
+			synctest.Wait()
+			h.on("abandon", nil)
+			return m.Lock(ctx)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := newMemStore()
+				ttl := time.Millisecond
+				c, h := memClient(t, st, WithTTL(ttl))
+				h.on("acquire", lateReply(2*ttl)) // a round trip of 2 ms
+				h.on("register", lateReply(2*ttl))
+				ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+				defer cancel()
+				err := tc.lock(ctx, c, h)
+				require.ErrorIs(t, err, ErrTTLTooShort)
+				require.NoError(t, ctx.Err(), "Lock retried until its ctx ended")
+				assert.Contains(t, err.Error(), `"k"`)
+				assert.Contains(t, err.Error(), "3 writes in a row")
+				synctest.Wait() // the clean-up in the background
+				r := holder(st, "k")
+				assert.Empty(t, r.Owner, "held after the Lock returned")
+				assert.Empty(t, r.Shared, "held after the Lock returned")
+			})
+		})
+	}
 }

@@ -13,9 +13,9 @@
 //	defer client.Close(ctx)
 //	mu := client.NewMutex("nightly-report")
 //	if err := mu.Lock(ctx); err != nil {
-//		return err
+//		return err // if ctx ended: ctx's error, in a *WaitError (who held the key, the last server error)
 //	}
-//	defer mu.Unlock(ctx)
+//	defer mu.Unlock(ctx) // sent even if ctx has ended by then: a release is clean-up
 //	lease := mu.Lease()
 //	return writeReport(lease.Context(), lease.Token()) // fence the writes with the token
 //

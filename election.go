@@ -14,7 +14,9 @@ import (
 // [Lease] with a fencing token greater than every earlier term's. The
 // leader publishes a value (an address, say) that anyone can read with
 // [Election.Leader] or follow with [Election.Observe], and change with
-// [Election.Proclaim] while it leads. It resigns with [Lease.Release].
+// [Election.Proclaim] while it leads. It resigns with [Lease.Release], which
+// frees the name even when given a ctx that has ended, as [Mutex.Unlock]
+// does.
 //
 // An Election is an exclusive hold on the key name, as a [Mutex]'s, with
 // the leader's value as the hold's data (at most [MaxDataLen] bytes), so
@@ -85,9 +87,16 @@ func (c *Client) NewElection(name string, opts ...Option) *Election {
 func (e *Election) Name() string { return e.name }
 
 // Lease returns the lease of the term that this Election's last Campaign
-// won, or nil when it has not won one or has resigned since. The lease may
-// have been lost: check its Err.
+// won, or nil when it has not won one, has resigned since, or the term was
+// lost (its Err is not nil): a lost term is the Election's no more, as a
+// lost lease is a [Mutex]'s.
 func (e *Election) Lease() *Lease {
+	return stillHeld(e.term())
+}
+
+// term returns the last term won by Campaign, lost or not, until it is
+// resigned.
+func (e *Election) term() *Lease {
 	if e == nil {
 		return nil
 	}
@@ -110,7 +119,8 @@ func (e *Election) Lease() *Lease {
 // name must be released to let others of the Client campaign.
 //
 // When ctx ends first, Campaign returns an error matching ctx.Err() with
-// [errors.Is] and leaves nothing held (a term its last write may have won
+// [errors.Is] and wrapping a [*WaitError] (who led, the last error from
+// the server), and leaves nothing held (a term its last write may have won
 // is given back in the background). When the Client is closed, or closes
 // meanwhile, it returns [ErrClosed]. A value longer than [MaxDataLen]
 // bytes returns [ErrInvalidOption] with no command sent.
@@ -118,9 +128,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Lease, error) {
 	if err := e.check(ctx, value); err != nil {
 		return nil, keyError("campaign", e.Name(), err)
 	}
-	if old := e.Lease(); old != nil && old.Err() != nil {
-		old.Release(ctx) // a lost term: give its place in the Client's queue up, at once
-	}
+	giveBackLost(ctx, e.term()) // give its place in the Client's queue up, at once
 	cl := claim{lk: e, cfg: &e.cfg, pace: &e.pace,
 		attempt: attempt{key: e.name, ttl: e.cfg.ttl, data: []byte(value), kind: e.kind()}}
 	l, err := e.c.lockExclusive(ctx, cl, "dlock.Campaign", false)
@@ -196,7 +204,7 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 	if err := e.check(ctx, value); err != nil {
 		return keyError("proclaim", e.name, err)
 	}
-	l := e.Lease()
+	l := e.term()
 	if l == nil {
 		return keyError("proclaim", e.name, ErrNotHeld)
 	}

@@ -57,6 +57,12 @@ var (
 	// a [Election.Campaign]) that must wait while [MaxQueue] waiters are
 	// registered in the key's queue already. It leaves nothing registered.
 	ErrQueueFull = errors.New("dlock: too many waiters registered for the key")
+	// ErrTTLTooShort is returned by a Lock (and RLock, Acquire, Campaign)
+	// whose acquires are answered, several times in a row, after the
+	// lease's local deadline: the TTL ([WithTTL]) is shorter than the
+	// server's round trip, and no hold it wins could be relied on. The Lock
+	// leaves nothing held.
+	ErrTTLTooShort = errors.New("dlock: TTL too short for this server's round trip")
 )
 
 // What TryLock's ErrLocked says of the holder.
@@ -91,6 +97,81 @@ func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
 
 // Unwrap returns the cause.
 func (e *LeaseLostError) Unwrap() error { return e.Cause }
+
+// A WaitError reports a wait for a key that its ctx ended: a Lock, RLock,
+// Acquire or Campaign that returned without the hold (and left nothing
+// held). It matches ctx's error with [errors.Is], and the last error the
+// wait got from the server, if any, with errors.Is and [errors.As]; its
+// message says who held the key when the wait last saw it held, or that
+// it never saw it held. The primitive's error wraps it, and names the
+// operation and the key.
+type WaitError struct {
+	Key string // the key waited for
+	// Err is ctx's error: [context.Canceled] or [context.DeadlineExceeded].
+	Err error
+	// LastErr is the last error the wait got from the server (a network
+	// fault, a timeout, no server that could be selected), or nil when
+	// none failed. An error that only reports ctx cutting a command short
+	// is not one.
+	LastErr error
+	// Holders are the holds the wait last saw on the key, as
+	// [Client.Holders] reports them: the exclusive one, or up to three of
+	// the shared ones (an RWMutex's readers, a Semaphore's permits) in
+	// token order; nil when the wait never saw the key held. A wait behind
+	// another goroutine or Mutex of the same Client, which sends nothing,
+	// names that Client alone, with no token.
+	Holders []Holder
+
+	more  int  // shared holds seen beyond Holders
+	local bool // the wait was behind another call of the same Client
+}
+
+// Error says why the wait ended, and what it saw: "dlock: context deadline
+// exceeded (last seen held by web3 with token 7; last error: ...)", with
+// each holder's [WithOwner] label (or, without one, its identity).
+func (e *WaitError) Error() string {
+	var b strings.Builder
+	b.WriteString(prefix + unprefixed{e.Err}.Error() + " (")
+	switch {
+	case e.local:
+		b.WriteString("held by this Client: another goroutine or Mutex of it holds the key or is acquiring it")
+	case len(e.Holders) == 0:
+		b.WriteString("not seen held")
+	default:
+		b.WriteString("last seen held by ")
+		for i, h := range e.Holders {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "%s with token %d", ownerLabel(h.Owner), h.Token)
+		}
+		if e.more > 0 {
+			fmt.Fprintf(&b, " and %d more", e.more)
+		}
+	}
+	if e.LastErr != nil {
+		b.WriteString("; last error: " + unprefixed{e.LastErr}.Error())
+	}
+	b.WriteString(")")
+	return b.String()
+}
+
+// Unwrap returns ctx's error, and the last error from the server if any.
+func (e *WaitError) Unwrap() []error {
+	if e.LastErr == nil {
+		return []error{e.Err}
+	}
+	return []error{e.Err, e.LastErr}
+}
+
+// ownerLabel is the [WithOwner] label of an owner identity, or the
+// identity itself when it has none.
+func ownerLabel(owner string) string {
+	if i := strings.LastIndexByte(owner, '#'); i >= 0 {
+		return owner[:i]
+	}
+	return owner
+}
 
 // StaleTokenError reports a fencing token lower than one already admitted.
 // It matches [ErrStaleToken] with [errors.Is].
@@ -139,10 +220,12 @@ func errorf(format string, args ...any) error {
 // keyError wraps err, the failure of op on key: "dlock: <op> <key>:
 // <cause>". An error that names the key already (a store's error, a
 // [*LeaseLostError], a kind mismatch) says what failed, and is returned as
-// it is rather than name the key twice.
+// it is rather than name the key twice; a [*WaitError], whose last error
+// may name the key, is always wrapped.
 func keyError(op, key string, err error) error {
 	q := strconv.Quote(key)
-	if strings.Contains(err.Error(), q) {
+	var wait *WaitError
+	if strings.Contains(err.Error(), q) && !errors.As(err, &wait) {
 		return err
 	}
 	return errorf(prefix+"%s %s: %w", op, q, err)

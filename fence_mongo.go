@@ -28,9 +28,9 @@ const FenceField = "_dlockFence"
 // [UpsertFenced] to create the document on first use.
 //
 // The update must be a document of update operators, not an aggregation
-// pipeline, and must not itself write [FenceField] or use $max on it;
-// otherwise UpdateFenced returns an error matching [ErrInvalidOption] and
-// sends nothing.
+// pipeline, and must not itself write [FenceField] or use $max on it; and
+// t must not be 0, which no hold has. Otherwise UpdateFenced returns an
+// error matching [ErrInvalidOption] and sends nothing.
 func UpdateFenced(ctx context.Context, coll *mongo.Collection, filter, update any, t Token) (*mongo.UpdateResult, error) {
 	w, err := newFencedWrite("fenced update", coll, filter, update, t)
 	if err != nil {
@@ -71,8 +71,10 @@ func UpdateFenced(ctx context.Context, coll *mongo.Collection, filter, update an
 // [RWMutex]'s) and do not write should read as usual: raising the fence
 // for one reader's token would refuse a concurrent reader's older one.
 //
-// ctx bounds the round trips; after an error from the network or ctx, the
-// fence may or may not have been raised.
+// A token of 0, which no hold has, returns an error matching
+// [ErrInvalidOption] with nothing sent. ctx bounds the round trips; after
+// an error from the network or ctx, the fence may or may not have been
+// raised.
 func FindFenced(ctx context.Context, coll *mongo.Collection, filter any, t Token) (bson.Raw, error) {
 	w, err := newFencedWrite("fenced find", coll, filter, bson.D{}, t)
 	if err != nil {
@@ -117,7 +119,7 @@ const upsertAttempts = 3
 // match, UpsertFenced neither creates nor updates and returns the server's
 // duplicate key error, wrapped.
 //
-// The update has the same rules as for [UpdateFenced]. ctx bounds the
+// The update and t have the same rules as for [UpdateFenced]. ctx bounds the
 // round trips. A stale token or an invalid argument leaves the collection
 // unchanged; after an error from the network or ctx, the write may or may
 // not have applied.
@@ -187,6 +189,9 @@ type fencedWrite struct {
 func newFencedWrite(op string, coll *mongo.Collection, filter, update any, t Token) (*fencedWrite, error) {
 	if coll == nil {
 		return nil, fmt.Errorf("%w: %s: nil collection", ErrInvalidOption, op)
+	}
+	if err := validToken(op, t); err != nil {
+		return nil, err
 	}
 	f, err := toDoc(op, "filter", filter)
 	if err != nil {

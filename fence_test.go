@@ -63,7 +63,7 @@ func TestFenceConcurrent(t *testing.T) {
 			for i := range checks {
 				// Tokens rise with i and overlap between goroutines, so
 				// that Checks race both to admit and to be refused.
-				tok := Token(i*goroutines + r.IntN(4*goroutines))
+				tok := Token(1 + i*goroutines + r.IntN(4*goroutines))
 				before := Token(done.Load())
 				err := f.Check(tok)
 				if err != nil {
@@ -371,6 +371,32 @@ func TestUpsertFencedFilterRule(t *testing.T) {
 	} {
 		_, err := UpsertFenced(ctx, coll, tc.filter, set, 1)
 		require.ErrorIs(t, err, ErrInvalidOption, tc.name)
+	}
+	n, err := coll.CountDocuments(ctx, bson.D{})
+	require.NoError(t, err)
+	assert.Zero(t, n, "nothing created")
+}
+
+// Token 0 is no hold's token (a key's first hold has token 1 or more): a
+// fenced write, a fenced read and a Fence refuse it with ErrInvalidOption,
+// and change nothing.
+func TestFencedTokenZero(t *testing.T) {
+	coll := newColl(t)
+	ctx := context.Background()
+	id := bson.D{{Key: "_id", Value: "reg"}}
+	set := bson.D{{Key: "$set", Value: bson.D{{Key: "v", Value: 1}}}}
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"UpsertFenced", func() error { _, err := UpsertFenced(ctx, coll, id, set, 0); return err }},
+		{"UpdateFenced", func() error { _, err := UpdateFenced(ctx, coll, id, set, 0); return err }},
+		{"FindFenced", func() error { _, err := FindFenced(ctx, coll, id, 0); return err }},
+		{"Fence.Check", func() error { var f Fence; return f.Check(0) }},
+	} {
+		err := tc.call()
+		require.ErrorIs(t, err, ErrInvalidOption, tc.name)
+		assert.Contains(t, err.Error(), "token 0", tc.name)
 	}
 	n, err := coll.CountDocuments(ctx, bson.D{})
 	require.NoError(t, err)

@@ -56,6 +56,12 @@ func (c *Client) Holders(ctx context.Context, key string) ([]Holder, error) {
 	if err != nil {
 		return nil, err
 	}
+	return append(holdersOf(r), waitersOf(r)...), nil
+}
+
+// holdersOf returns who holds r: the exclusive holder, or the shared
+// holders in the order of their tokens; none when the key is free.
+func holdersOf(r record) []Holder {
 	var hs []Holder
 	if r.Owner != "" {
 		hs = append(hs, Holder{Owner: r.Owner, Token: r.Token, Data: r.Data})
@@ -64,9 +70,15 @@ func (c *Client) Holders(ctx context.Context, key string) ([]Holder, error) {
 		hs = append(hs, Holder{Owner: e.Owner, Token: e.Token, Data: e.Data, Shared: true})
 	}
 	slices.SortFunc(hs, func(a, b Holder) int { return cmp.Compare(a.Token, b.Token) })
-	waiters := slices.SortedFunc(maps.Values(r.Waiters), func(a, b entry) int { return cmp.Compare(a.Q, b.Q) })
-	for _, e := range waiters {
+	return hs
+}
+
+// waitersOf returns the waiters registered in r, in queue order, as
+// Holders marked Waiting.
+func waitersOf(r record) []Holder {
+	var hs []Holder
+	for _, e := range slices.SortedFunc(maps.Values(r.Waiters), func(a, b entry) int { return cmp.Compare(a.Q, b.Q) }) {
 		hs = append(hs, Holder{Owner: e.Owner, Waiting: true})
 	}
-	return hs, nil
+	return hs
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -191,9 +192,16 @@ func (l *Lease) Context() context.Context {
 // has not yet ended), Release returns its [*LeaseLostError] at once,
 // changes nothing for a new holder, and tidies up in the background. A
 // second Release returns [ErrNotHeld]; a Release after [Client.Close]
-// ended the lease returns [ErrClosed]. When Release fails for want of an
-// answer from the server, the lease is ended here all the same, and the
-// key is free again at the latest a TTL later.
+// ended the lease returns [ErrClosed].
+//
+// A release is clean-up, so an ended ctx does not stop it: ctx bounds the
+// command while ctx lasts, and when ctx has ended already (a deferred
+// Release with a request's ctx), the command is sent all the same, on a
+// context detached from ctx and bounded by a second. Release returns an
+// error matching ctx's error only when the command could not complete.
+// When Release fails for want of an answer from the server, the lease is
+// ended here all the same, and the key is free again at the latest a TTL
+// later.
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	if l.returned {
@@ -209,9 +217,31 @@ func (l *Lease) Release(ctx context.Context) error {
 		defer l.c.finish()
 	}
 	ctx, span := l.c.tel.releaseSpan(ctx, l)
-	err := l.c.release(ctx, l)
+	rctx, stop := cleanupContext(ctx)
+	err := cleanupError(ctx, "release "+strconv.Quote(l.key), l.c.release(rctx, l))
+	stop()
 	endSpan(span, err)
 	return err
+}
+
+// stillHeld returns l if it is held (its Err is nil), else nil: what a
+// primitive's Lease method returns.
+func stillHeld(l *Lease) *Lease {
+	if l == nil || l.Err() != nil {
+		return nil
+	}
+	return l
+}
+
+// giveBackLost releases l, the last hold of a primitive that is about to
+// lock again, if it was lost: as its Release does, at once, which frees
+// the Client's slot for the key and tidies up in the background. The loss
+// is reported no more. A lost hold left as it is would keep the slot, and
+// the Lock would wait for itself.
+func giveBackLost(ctx context.Context, l *Lease) {
+	if l != nil && errors.Is(l.Err(), ErrLeaseLost) {
+		l.Release(ctx)
+	}
 }
 
 // returning reports whether Release was called: the release, not an

@@ -25,6 +25,7 @@ import (
 //   - [ErrNoClient]: m is the zero Mutex, or nil;
 //   - [ErrInvalidKey], [ErrInvalidOption]: m's key or options are invalid;
 //   - [ErrClosed]: the Client is closed, or closes while Lock waits;
+//   - [ErrTTLTooShort]: the TTL is shorter than the server's round trip;
 //   - an error the server returned that is not retried (a denied
 //     authorization, say).
 //
@@ -37,8 +38,9 @@ import (
 // its local deadline, another owner took the key, or it reached
 // [WithMaxHold]'s cap), the Client was closed, or the release went
 // unanswered. So code behind a Locker does not learn that its hold was lost:
-// where that matters, watch [Mutex.Lease]'s Lost or Context during the
-// critical section, and fence the writes it makes with the lease's [Token].
+// where that matters, take [Mutex.Lease] at the start of the critical
+// section (it returns nil once the lease is lost), watch its Lost or
+// Context, and fence the writes the section makes with the lease's [Token].
 func (m *Mutex) Locker() sync.Locker {
 	return syncLocker{m}
 }

@@ -19,6 +19,12 @@ import (
 // Like a sync.Mutex it is not reentrant: a goroutine that locks a Mutex it
 // holds waits until the Mutex is unlocked.
 //
+// A lost lease (see [Lease.Lost]) is the Mutex's no more: Lease returns nil
+// from then on, and the next Lock or TryLock gives the lost hold back, as
+// Unlock would, and proceeds, without waiting for an Unlock. Until then,
+// Unlock returns the lease's [*LeaseLostError]. (An [Election] and the
+// write side of an [RWMutex] do the same; a [Semaphore] keeps no lease.)
+//
 // Make a Mutex with [Client.NewMutex]. Unlike a sync.Mutex, the zero value
 // is not usable, as it belongs to no Client: its Lock and TryLock return
 // [ErrNoClient], and its Unlock [ErrNotHeld].
@@ -29,21 +35,24 @@ type Mutex struct {
 	err error // invalid key or options
 
 	mu    sync.Mutex
-	lease *Lease // guarded by mu: the current hold, or nil
+	lease *Lease // guarded by mu: the last hold, until Unlock or the next Lock gives it back; nil when none
 	pace  pacing // what its waits and holds taught it (pacer.go)
 }
 
 // Key returns the Mutex's key.
 func (m *Mutex) Key() string { return m.key }
 
-// Lease returns the current lease, or nil when the Mutex is not held.
+// Lease returns the current lease, or nil when the Mutex is not held:
+// before Lock, after Unlock, and once the lease is lost (its Err is not
+// nil).
 func (m *Mutex) Lease() *Lease {
 	if m == nil {
 		return nil
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.lease
+	l := m.lease
+	m.mu.Unlock()
+	return stillHeld(l)
 }
 
 // Lock blocks until the Mutex holds its key, or ctx ends. While the key is
@@ -55,13 +64,20 @@ func (m *Mutex) Lease() *Lease {
 // decided without comparing clocks).
 //
 // When ctx ends first, Lock returns an error that matches ctx.Err() with
-// [errors.Is], and leaves nothing held: if its last write may have acquired
-// the key, a short clean-up write in the background gives it back (one
-// that can free only that write's hold). A ctx that has already ended
-// returns at once, with no command sent. Lock never returns nil with a
-// lease that has already ended: one whose acquire was answered after the
-// lease's local deadline is not returned, and Lock keeps trying (TryLock
-// returns a [*LeaseLostError] instead).
+// [errors.Is] and wraps a [*WaitError], which also matches the last error
+// the server gave (with errors.Is and errors.As: a network fault, or no
+// server that could be selected) and says who held the key when the wait
+// last saw it held. Lock then leaves nothing held: if its last write may
+// have acquired the key, a short clean-up write in the background gives it
+// back (one that can free only that write's hold). A ctx that has already
+// ended returns at once, with no command sent and ctx's error alone. A
+// lease of the Mutex that was lost is given back first (see Mutex). Lock
+// never returns nil with a lease that has already ended: one whose acquire
+// was answered after the lease's local deadline is not returned, and Lock
+// keeps trying (TryLock returns a [*LeaseLostError] instead); after three
+// such answers in a row (or registrations in the queue answered as late),
+// the TTL is shorter than the server's round trip, and Lock returns an
+// error matching [ErrTTLTooShort], leaving nothing held.
 //
 // When the Client is closed, or closes while Lock waits, Lock returns
 // [ErrClosed]; a hold it won as Close began is given back first.
@@ -80,7 +96,8 @@ func (m *Mutex) Lock(ctx context.Context) error {
 // so within two TTLs of the waiter's crash. An uncontended TryLock is one command; one that finds the key
 // held reads the document to tell a hold this Client abandoned, which it
 // takes over, and, with [WithServerClockTakeover], one abandoned more
-// than a TTL ago by the server's clock.
+// than a TTL ago by the server's clock. Like Lock, it gives a lost lease of
+// the Mutex back first.
 func (m *Mutex) TryLock(ctx context.Context) error {
 	return m.lock(ctx, "dlock.TryLock", true)
 }
@@ -88,6 +105,12 @@ func (m *Mutex) TryLock(ctx context.Context) error {
 // Unlock releases the Mutex's lease (see [Lease.Release]). It returns
 // [ErrNotHeld] when the Mutex holds no lease, and a [*LeaseLostError], at
 // once, when the lease was lost.
+//
+// A ctx that has ended does not keep Unlock from freeing the key: its
+// release is sent all the same, bounded by a second of its own, so that
+// defer mu.Unlock(ctx) with a request's ctx frees the key at once. Unlock
+// returns an error matching ctx's error only when that release could not
+// complete; the key is then free again at the latest a TTL later.
 //
 // Under contention, when the Mutex is locked again as soon as it is
 // unlocked, Unlock may queue the Mutex's next Lock in its release's write,
@@ -129,6 +152,10 @@ func (m *Mutex) lock(ctx context.Context, name string, try bool) error {
 	case ctx.Err() != nil:
 		return keyError("lock", m.key, ctx.Err())
 	}
+	m.mu.Lock()
+	old := m.lease
+	m.mu.Unlock()
+	giveBackLost(ctx, old)
 	l, err := m.c.lockExclusive(ctx, m.claim(), name, try)
 	if err != nil {
 		return keyError("lock", m.key, err)

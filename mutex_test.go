@@ -196,9 +196,10 @@ func TestSkewedClocks(t *testing.T) {
 				ctx := context.Background()
 				ma := a.NewMutex(tc.name)
 				require.NoError(t, ma.Lock(ctx))
+				held := ma.Lease()
 				f.crash()
 				require.NoError(t, b.NewMutex(tc.name).Lock(ctx))
-				require.True(t, waitClosed(ma.Lease().Lost(), 0), "holder still believed it held the key")
+				require.True(t, waitClosed(held.Lost(), 0), "holder still believed it held the key")
 			})
 		}
 	})

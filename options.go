@@ -105,7 +105,9 @@ func clientOnly(name string, f func(*config)) Option {
 // (crash, partition, pause) is free again this long after the holder's last
 // successful write, and the holder itself gives it up a little before, at
 // the local deadline described in the package documentation. It must be at
-// least a millisecond; the default is [DefaultTTL].
+// least a millisecond, and longer than the server's round trip: a Lock
+// whose acquires are answered after their lease's local deadline, three
+// times in a row, returns [ErrTTLTooShort]. The default is [DefaultTTL].
 func WithTTL(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.ttl = d })
 }

@@ -27,7 +27,10 @@ import (
 
 // The quick start: the body of its main.
 func Example_readmeQuickStart() {
-	ctx := context.Background()
+	// A deadline for the whole run: with a wrong URI, Lock fails with the
+	// server's error rather than wait in silence.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	mc, err := mongo.Connect(options.Client().ApplyURI(os.Getenv("MONGODB_URI")))
 	if err != nil {
 		log.Fatal(err)

@@ -34,6 +34,12 @@ const maxReaders = 1 << 30
 // same key queue in the Client, as for a [Mutex], and an Unlock hands the
 // hold to the next of them in one command.
 //
+// A lost hold is the RWMutex's no more: Lease does not return it, the next
+// Lock or TryLock gives a lost exclusive hold back, as Unlock would, and
+// proceeds (until then Unlock returns the loss), and the next RLock takes
+// a new shared hold rather than join a lost one; the RUnlocks of the RLocks
+// counted on a lost shared hold report its loss (see RUnlock).
+//
 // An RWMutex is safe for concurrent use. Like a sync.RWMutex it is not
 // reentrant: a goroutine that holds a read lock and calls Lock waits
 // forever, and so does one that holds the write lock and calls RLock. Make
@@ -47,7 +53,7 @@ type RWMutex struct {
 	pace pacing // what its waits and holds taught it (pacer.go)
 
 	mu    sync.Mutex
-	lease *Lease // guarded by mu: the exclusive hold, or nil
+	lease *Lease // guarded by mu: the last exclusive hold, until Unlock or the next Lock gives it back; nil when none
 }
 
 // readers are this Client's shared holds of one RWMutex key, which the
@@ -78,7 +84,8 @@ func (c *Client) NewRWMutex(key string, opts ...Option) *RWMutex {
 func (rw *RWMutex) Key() string { return rw.key }
 
 // Lease returns the current hold: the exclusive one, or else the newest
-// shared hold of this Client on the key; nil when there is none.
+// shared hold of this Client on the key; nil when there is none. A hold
+// that was lost (its Err is not nil) is not returned.
 func (rw *RWMutex) Lease() *Lease {
 	if rw == nil || rw.c == nil {
 		return nil
@@ -86,14 +93,18 @@ func (rw *RWMutex) Lease() *Lease {
 	rw.mu.Lock()
 	l := rw.lease
 	rw.mu.Unlock()
-	if l != nil {
+	if l := stillHeld(l); l != nil {
 		return l
 	}
 	c := rw.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if rs := c.readers[rw.key]; rs != nil && len(rs.holds) > 0 {
-		return rs.holds[len(rs.holds)-1].l
+	if rs := c.readers[rw.key]; rs != nil {
+		for _, h := range slices.Backward(rs.holds) {
+			if l := stillHeld(h.l); l != nil {
+				return l
+			}
+		}
 	}
 	return nil
 }
@@ -115,7 +126,10 @@ func (rw *RWMutex) TryLock(ctx context.Context) error {
 
 // Unlock releases the exclusive hold (see [Lease.Release]). It returns
 // [ErrNotHeld] when the RWMutex holds the key not exclusively, and a
-// [*LeaseLostError] when the hold was lost.
+// [*LeaseLostError] when the hold was lost. As for [Mutex.Unlock], a ctx
+// that has ended does not stop the release, which is sent bounded by a
+// second of its own; Unlock returns an error matching ctx's error only
+// when the release could not complete.
 func (rw *RWMutex) Unlock(ctx context.Context) error {
 	if rw == nil {
 		return ErrNotHeld
@@ -133,6 +147,10 @@ func (rw *RWMutex) lock(ctx context.Context, name string, try bool) error {
 	if err := rw.check(ctx); err != nil {
 		return keyError("lock", rw.key, err)
 	}
+	rw.mu.Lock()
+	old := rw.lease
+	rw.mu.Unlock()
+	giveBackLost(ctx, old)
 	cl := claim{lk: rw, cfg: &rw.cfg, pace: &rw.pace,
 		attempt: attempt{key: rw.key, ttl: rw.cfg.ttl, data: rw.cfg.data, kind: rw.kind()}}
 	l, err := rw.c.lockExclusive(ctx, cl, name, try)
@@ -167,7 +185,8 @@ func (rw *RWMutex) check(ctx context.Context) error {
 // polls the server, one read a poll.
 //
 // When ctx ends first, RLock returns an error that matches ctx.Err() with
-// [errors.Is] and leaves nothing held. When the Client is closed, or
+// [errors.Is] and wraps a [*WaitError], as [Mutex.Lock] does, and leaves
+// nothing held. When the Client is closed, or
 // closes while RLock waits, RLock returns [ErrClosed]: once Close has
 // begun, as Lock does, even where it would join a hold.
 func (rw *RWMutex) RLock(ctx context.Context) error {
@@ -194,7 +213,9 @@ func (rw *RWMutex) TryRLock(ctx context.Context) error {
 // reported to the RUnlocks of goroutines that counted on a hold still
 // held, never withheld from one that counted on the lost hold. Otherwise
 // it returns what its release returns, or nil. It returns [ErrNotHeld]
-// when this Client holds no shared hold of the key.
+// when this Client holds no shared hold of the key. A release is sent even
+// when ctx has ended, as [Mutex.Unlock]'s is, and RUnlock returns an error
+// matching ctx's error only when it could not complete.
 func (rw *RWMutex) RUnlock(ctx context.Context) error {
 	if rw == nil || rw.c == nil {
 		return ErrNotHeld
@@ -272,8 +293,8 @@ func (rw *RWMutex) rlock(ctx context.Context, name string, try bool) error {
 			select {
 			case <-pending:
 				continue
-			case <-ctx.Done():
-				return keyError("rlock", rw.key, ctx.Err())
+			case <-ctx.Done(): // waiting for this Client's own RLock, it saw nothing of the key
+				return keyError("rlock", rw.key, &WaitError{Key: rw.key, Err: ctx.Err()})
 			case <-c.closing:
 				return keyError("rlock", rw.key, ErrClosed)
 			}

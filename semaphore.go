@@ -14,13 +14,20 @@ const MaxPermits = 1000
 // permits are held at once, across all Clients and processes sharing the
 // collection. Each permit is a [Lease] with its own fencing token from the
 // key's one counter, extended in the background with the Client's other
-// leases, and given back with [Lease.Release]. A permit whose holder
+// leases, and given back with [Lease.Release] (which frees the permit even
+// when given a ctx that has ended, as [Mutex.Unlock] does). A permit whose holder
 // crashed or was cut off is free again within the same bound as a
 // [Mutex]'s key (see the package documentation).
 //
 // Every Semaphore on a key must have the same n: a Semaphore that finds
 // the key used with another n (or by a Mutex or RWMutex) returns an error
 // matching [ErrKindMismatch], never a silently larger limit.
+//
+// A Semaphore keeps no lease: each permit's Lease is the caller's. A permit
+// that was lost is the Semaphore's no more, as a lost lease is a
+// [Mutex]'s: its Release returns the loss (and frees its entry in the
+// background), and the next Acquire does not wait for it beyond its TTL,
+// as for any holder that stopped extending.
 //
 // A Semaphore is safe for concurrent use. Each Acquire takes a permit of its
 // own, on the server (goroutines of one Client do not share permits). Make
@@ -64,7 +71,8 @@ func (s *Semaphore) N() int { return s.n }
 // queues first come, first served).
 //
 // When ctx ends first, Acquire returns an error that matches ctx.Err() with
-// [errors.Is] and leaves no permit held: a permit its last write may have
+// [errors.Is] and wraps a [*WaitError] (who held the permits when it last
+// read them, the last error from the server), and leaves no permit held: a permit its last write may have
 // taken is given back in the background. When the Client is closed, or
 // closes meanwhile, it returns [ErrClosed].
 func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {

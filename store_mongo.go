@@ -952,6 +952,15 @@ func brief(err error) error {
 	return &wrapError{msg: strings.Replace(err.Error(), sel.Error(), short, 1), err: err}
 }
 
+// unanswered reports whether err is the driver's failure to select a
+// server: the command was not sent, and err says why each server was out
+// of reach, even when ctx's end cut the selection short (WaitError keeps
+// it as the wait's last error).
+func unanswered(err error) bool {
+	var sel topology.ServerSelectionError
+	return errors.As(err, &sel)
+}
+
 // count is n things, in words: "1 lease", "2 leases".
 func count(n int, thing string) string {
 	if n == 1 {

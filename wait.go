@@ -110,7 +110,7 @@ type exclusiveWait struct {
 	attempts  int
 	unsure    bool   // an attempt may have applied without our seeing the reply
 	afterRead bool   // this attempt follows a read (or a registration) at once: if it fails too, the read lagged
-	lastErr   error  // the last transient failure
+	waitLog          // what the wait saw, for its error (acquire.go)
 	holder    record // the last holder reported to the trace
 	events    int    // holders reported
 	tracing   bool   // the Lock span is recorded
@@ -137,7 +137,7 @@ func (c *Client) newExclusiveWait(ctx context.Context, cl claim, try bool) *excl
 // giveUp ends the wait with err: see Client.giveUp.
 func (x *exclusiveWait) giveUp(err error) error {
 	x.c.unregister(x.q.reg)
-	return x.c.giveUp(x.ctx, x.a, x.unsure, x.lastErr, err)
+	return x.c.giveUp(x.ctx, x.a, x.unsure, &x.waitLog, err)
 }
 
 // resumeKept takes over the hold that the last Unlock kept for this call,
@@ -266,6 +266,9 @@ func (x *exclusiveWait) join() (step, error) {
 			x.q = queueing{}
 			err = fmt.Errorf("%w (%d, at most %d)", ErrQueueFull, len(r.Waiters)-1, MaxQueue)
 		}
+	}
+	if err == nil {
+		err = x.registeredInTime()
 	}
 	if err != nil {
 		return stepOn, err
@@ -421,15 +424,19 @@ func (x *exclusiveWait) read() (step, error) {
 }
 
 // saw tells the pacing what the record r, returned by a command sent at
-// sent, shows of the wait's place.
+// sent, shows of the wait's place, and the wait's log who holds it.
 func (x *exclusiveWait) saw(r record, sent time.Time) {
+	x.sawHeld(r)
 	x.sched.saw(r, sent, x.c.clock.Now(), x.q.registered(), len(x.q.ahead), x.a.kind == kindRW)
 }
 
 // settle acts on the round's error: it ends the wait on one that waiting
-// will not mend (or on any, with try), and registers a wait that has not
-// yet, at once.
+// will not mend (or on any, with try; or on the lateReplies-th late reply
+// in a row), and registers a wait that has not yet, at once.
 func (x *exclusiveWait) settle(err error) (step, error) {
+	if tooLate := x.tooLate(err, x.a.ttl); tooLate != nil {
+		return stepDone, x.giveUp(tooLate)
+	}
 	switch {
 	case errors.Is(err, ErrKindMismatch):
 		return stepDone, x.giveUp(err)

@@ -73,4 +73,33 @@
 //			srv.Heal(c)
 //		})
 //	}
+//
+// # Testing fenced writes
+//
+// The Server fakes the lock store, not your data: [dlock.UpsertFenced],
+// [dlock.UpdateFenced] and [dlock.FindFenced] need a MongoDB collection.
+// To unit-test a worker that fences its writes, put its write behind a
+// small interface of your own, which production implements with those
+// functions and a test with a [dlock.Fence] in front of memory: a Fence
+// admits tokens by the same rule (a token lower than the highest admitted
+// gets [dlock.ErrStaleToken]; token 0, [dlock.ErrInvalidOption]). Keep one
+// Fence per document, as the database keeps one fence per document:
+//
+//	type Reports interface {
+//		Save(ctx context.Context, id, text string, token dlock.Token) error
+//	}
+//
+//	func (r *fakeReports) Save(ctx context.Context, id, text string, token dlock.Token) error {
+//		r.mu.Lock()
+//		defer r.mu.Unlock()
+//		if err := r.fence(id).Check(token); err != nil {
+//			return err
+//		}
+//		r.texts[id] = text
+//		return nil
+//	}
+//
+// The package's Example (FencedWrites) has the whole fake (which can also
+// hold a write in flight) and runs such a test: a holder's write held up in
+// the network lands after the next holder's, and the fence turns it away.
 package dlocktest

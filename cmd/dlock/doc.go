@@ -70,8 +70,9 @@
 //	-max-hold dur            end the hold this long after taking KEY, as a lost
 //	                         lease (default 0: no limit; else at least -ttl);
 //	                         others can take KEY at most a TTL later
-//	-v                       report on stderr when run waits, takes KEY and
-//	                         releases it
+//	-v                       report on stderr what run waits for (from the
+//	                         start, before the server answers), when KEY is
+//	                         held, and when run takes KEY and releases it
 //
 // Flags go before KEY; "--" separates KEY from COMMAND.
 //
@@ -175,7 +176,9 @@
 //	     COMMAND, an invalid key (empty, over 1024 bytes, not UTF-8, NUL),
 //	     or a key used by another kind of lock (run on an election's NAME,
 //	     or on a key another program uses as an RWMutex or a Semaphore;
-//	     elect on a lock's KEY): no retry mends these
+//	     elect on a lock's KEY), or a -ttl shorter than the server's
+//	     round trip (every acquire answered after its lease's deadline):
+//	     no retry mends these
 //	69   could not reach the server within -connect-timeout, or it failed
 //	75   KEY is held: -try found it held, or -timeout passed (elect:
 //	     another process still led); COMMAND did not run

@@ -33,7 +33,7 @@ on to COMMAND's process group; the first four also end a wait for KEY. On
 Linux and FreeBSD, COMMAND gets SIGKILL if run is killed.
 
 Exit status: COMMAND's (128+N if a signal N killed it); 64 bad usage (or KEY
-used by another kind of lock); 69 could not reach the server; 75 KEY held
+used by another kind of lock, or -ttl under the server's round trip); 69 could not reach the server; 75 KEY held
 (-try, or -timeout passed); 124 the lease was lost; 126 COMMAND could not be
 run; 127 COMMAND not found; 128+N signal N ended the wait for KEY.`
 
@@ -62,7 +62,7 @@ func runMain(sub *subcommand, args []string) int {
 		"when the lease is lost, how long COMMAND has to exit after SIGTERM before SIGKILL")
 	fs.DurationVar(&f.maxHold, "max-hold", 0,
 		"end the hold this long after taking KEY, as a lost lease (COMMAND is stopped, status 124); 0 for no limit, else at least -ttl")
-	fs.BoolVar(&f.verbose, "v", false, "report on stderr when run waits for KEY, takes it and releases it")
+	fs.BoolVar(&f.verbose, "v", false, "report on stderr what run waits for (from the start), when KEY is held, and when run takes it and releases it")
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
@@ -176,7 +176,9 @@ func (r *runner) acquire(ctx context.Context) int {
 	case errors.Is(err, dlock.ErrLocked):
 		return failf(exitHeld, "dlock %s: %q is held by another owner (-try)", r.verb, r.key)
 	case errors.Is(err, context.DeadlineExceeded) && wait.Err() != nil:
-		return failf(exitHeld, "dlock %s: %q not acquired within -timeout %v", r.verb, r.key, r.flags.timeout)
+		return failf(exitHeld, "dlock %s: %q not acquired within -timeout %v: %s", r.verb, r.key, r.flags.timeout, errorText(err))
+	case errors.Is(err, dlock.ErrTTLTooShort):
+		return failf(exitUsage, "dlock %s: %s (raise -ttl)", r.verb, errorText(err))
 	case errors.Is(err, dlock.ErrInvalidKey), errors.Is(err, dlock.ErrInvalidOption),
 		errors.Is(err, dlock.ErrKindMismatch): // no retry mends these
 		return failf(exitUsage, "dlock %s: %s", r.verb, errorText(err))
@@ -185,8 +187,13 @@ func (r *runner) acquire(ctx context.Context) int {
 	}
 }
 
-// lock takes the lock KEY (dlock run), and sets r.lease.
+// lock takes the lock KEY (dlock run), and sets r.lease. With -v it says
+// first what it waits for, so that no wait is silent, however long the
+// server takes to answer.
 func (r *runner) lock(wait context.Context) error {
+	if r.flags.verbose {
+		fmt.Fprintf(os.Stderr, "dlock run: locking %q\n", r.key)
+	}
 	mu := r.client.NewMutex(r.key)
 	err := mu.TryLock(wait)
 	if err != nil && !r.flags.try && wait.Err() == nil &&
@@ -197,7 +204,9 @@ func (r *runner) lock(wait context.Context) error {
 		err = mu.Lock(wait) // retries what waiting may mend
 	}
 	if err == nil {
-		r.lease = mu.Lease()
+		if r.lease = mu.Lease(); r.lease == nil { // lost already (this process was paused)
+			err = fmt.Errorf("dlock: the lease on %q was lost as soon as it was taken", r.key)
+		}
 	}
 	return err
 }
