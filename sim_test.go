@@ -1168,7 +1168,23 @@ func (s simRWLocker) lock(ctx context.Context, op simOp) (*Lease, error) {
 	default:
 		err = s.rw.Lock(ctx)
 	}
+	if op.read && err == nil {
+		return s.newestRead(), nil
+	}
 	return s.rw.Lease(), err
+}
+
+// newestRead returns the newest shared hold of the RWMutex's Client, the
+// one an RLock that returned nil counted on, even if it was lost since
+// (Lease skips lost holds; the checks skip lost leases themselves).
+func (s simRWLocker) newestRead() *Lease {
+	c := s.rw.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rs := c.readers[s.rw.key]; rs != nil && len(rs.holds) > 0 {
+		return rs.holds[len(rs.holds)-1].l
+	}
+	return nil
 }
 
 func (s simRWLocker) unlock(ctx context.Context, op simOp, _ *Lease) error {
