@@ -177,6 +177,25 @@ func applyThenHang(ctx context.Context, call func() error) error {
 	return ctx.Err()
 }
 
+// storeOps names every operation of the store interface.
+var storeOps = []string{"acquire", "handoff", "extend", "release", "setData", "releaseAll", "abandon", "read",
+	"floor", "idle", "raiseFloor", "remove", "register", "requeue", "reap", "serverTime"}
+
+// stop makes every operation hang, as a crashed or cut-off process's
+// would, until the returned restart is called (or the test ends).
+func (h *hooked) stop(t *testing.T) (restart func()) {
+	for _, op := range storeOps {
+		h.on(op, hang)
+	}
+	restart = func() {
+		for _, op := range storeOps {
+			h.on(op, nil)
+		}
+	}
+	t.Cleanup(restart) // before Close, had the test stopped early
+	return restart
+}
+
 // hang never reaches the store, and never answers.
 func hang(ctx context.Context, _ func() error) error {
 	<-ctx.Done()

@@ -381,11 +381,7 @@ func crashedWaiterScene(t *testing.T, pace Option) {
 		time.Sleep(3*DefaultTTL + DefaultTTL/6)
 		require.Equal(t, []string{b.owner, c.owner}, waiters(st, "k"), "a live registration was cleared")
 
-		ops := []string{"acquire", "handoff", "extend", "release", "setData", "releaseAll", "abandon", "read",
-			"floor", "raise", "idle", "raiseFloor", "remove", "register", "requeue", "reap", "serverTime"}
-		for _, op := range ops {
-			hb.on(op, hang) // b's Client stops: nothing it sends arrives
-		}
+		restart := hb.stop(t) // b's Client stops: nothing it sends arrives
 		unlocked := time.Now()
 		require.NoError(t, ma.Unlock(context.Background()))
 		require.NoError(t, <-cErr)
@@ -396,9 +392,7 @@ func crashedWaiterScene(t *testing.T, pace Option) {
 		assert.Equal(t, c.owner, holder(st, "k").Owner)
 		assert.Empty(t, waiters(st, "k"))
 
-		for _, op := range ops {
-			hb.on(op, nil)
-		}
+		restart()
 		bcancel()
 		require.ErrorIs(t, <-bErr, context.Canceled)
 		require.NoError(t, mc.Unlock(context.Background()))
@@ -893,11 +887,7 @@ func TestTryAfterDeadWaiter(t *testing.T) {
 				go func() { bErr <- tc.wait(b)(bctx) }()
 				synctest.Wait()
 				require.Equal(t, []string{b.owner}, waiters(st, "k"), "b waits, registered")
-				ops := []string{"acquire", "handoff", "extend", "release", "setData", "releaseAll", "abandon", "read",
-					"floor", "raise", "idle", "raiseFloor", "remove", "register", "requeue", "reap", "serverTime"}
-				for _, op := range ops {
-					hb.on(op, hang) // b's Client stops: nothing it sends arrives
-				}
+				restart := hb.stop(t) // b's Client stops: nothing it sends arrives
 				require.NoError(t, unlockA(ctx))
 				tryC, unlockC := tc.try(c)
 				require.ErrorIs(t, tryC(ctx), ErrLocked, "b's registration is fresh: it may be alive")
@@ -909,9 +899,7 @@ func TestTryAfterDeadWaiter(t *testing.T) {
 				require.NoError(t, tryC(ctx), "b's dead registration still blocks a try")
 				assert.Empty(t, waiters(st, "k"))
 				require.NoError(t, unlockC(ctx))
-				for _, op := range ops {
-					hb.on(op, nil)
-				}
+				restart()
 				bcancel()
 				<-bErr
 			})

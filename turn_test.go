@@ -654,18 +654,8 @@ func requeuedCrashScene(t *testing.T, holds bool, p pacer) {
 		require.NoError(t, <-aErr)
 		require.Equal(t, []string{b.owner}, waiters(st, "k"))
 
-		ops := []string{"acquire", "handoff", "extend", "release", "setData", "releaseAll", "abandon", "read",
-			"floor", "raise", "idle", "raiseFloor", "remove", "register", "requeue", "reap", "serverTime"}
-		crash := func() {
-			for _, op := range ops {
-				hb.on(op, hang)
-			}
-		}
-		t.Cleanup(func() { // before Close, had the test stopped early
-			for _, op := range ops {
-				hb.on(op, nil)
-			}
-		})
+		restart := func() {}
+		crash := func() { restart = hb.stop(t) }
 		if !holds {
 			crash()
 		}
@@ -701,9 +691,7 @@ func requeuedCrashScene(t *testing.T, holds bool, p pacer) {
 		assert.GreaterOrEqual(t, took, DefaultTTL-DefaultTTL/3, "a cleared b before it stood still for a TTL")
 		assert.Equal(t, a.owner, holder(st, "k").Owner)
 
-		for _, op := range ops {
-			hb.on(op, nil)
-		}
+		restart()
 		bcancel()
 		if !holds {
 			require.ErrorIs(t, <-bErr, context.Canceled)
@@ -744,17 +732,13 @@ func TestPlannedWaitCrashedHolder(t *testing.T) {
 				time.Sleep(DefaultTTL/3 + DefaultTTL/10)
 				require.Equal(t, y.owner, holder(st, "k").Owner)
 				require.Greater(t, holder(st, "k").Rev, int64(2), "y's hold was extended")
-				for _, op := range []string{"acquire", "handoff", "extend", "release", "setData", "releaseAll", "abandon", "read", "register", "requeue", "reap", "serverTime"} {
-					hy.on(op, hang) // y's Client stops
-				}
+				restart := hy.stop(t) // y's Client stops
 				crashed := time.Now()
 				require.NoError(t, <-xErr)
 				took := time.Since(crashed)
 				t.Logf("x took the key %v after y's Client stopped", took)
 				assert.LessOrEqual(t, took, 2*DefaultTTL+fairPoll, "the crashed holder held x up too long")
-				for _, op := range []string{"acquire", "handoff", "extend", "release", "setData", "releaseAll", "abandon", "read", "register", "requeue", "reap", "serverTime"} {
-					hy.on(op, nil)
-				}
+				restart()
 				require.NoError(t, mx.Unlock(ctx))
 			})
 		})
