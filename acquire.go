@@ -183,10 +183,10 @@ func (c *Client) grant(cl claim, a attempt, t Token, ro role, sent time.Time) (*
 
 // waitPoll waits d, what the wait's pacing asked for, before the next
 // poll of a held key; or less when the watch of the record (w) or of an
-// entry (ew) is due sooner; and never longer than maxSleep. These caps,
-// not the pacing, keep the liveness bounds (pacer.go). It returns ctx's
-// error or ErrClosed when those come first.
-func (c *Client) waitPoll(ctx context.Context, cl claim, d time.Duration, w *watch, ew *entryWatch) error {
+// entry (ew) is due sooner; and never longer than limit (maxSleep, or
+// schedule.limit). These caps, not the pacing, keep the liveness bounds
+// (pacer.go). It returns ctx's error or ErrClosed when those come first.
+func (c *Client) waitPoll(ctx context.Context, d, limit time.Duration, w *watch, ew *entryWatch) error {
 	now := c.clock.Now()
 	// Wake when a watch comes due, not again and again once it is: an
 	// attempt that could not act on it (the server out of reach) waits for
@@ -197,7 +197,7 @@ func (c *Client) waitPoll(ctx context.Context, cl claim, d time.Duration, w *wat
 	if due := ew.wait(now); due > 0 {
 		d = min(d, due)
 	}
-	t := c.clock.NewTimer(min(d, maxSleep(cl.cfg)))
+	t := c.clock.NewTimer(min(d, limit))
 	select {
 	case <-t.C:
 		return nil
@@ -305,7 +305,7 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 		case try:
 			return nil, x.attempts, x.giveUp(errLockedElsewhere)
 		}
-		if err := c.waitPoll(ctx, cl, x.sched.next(c.clock.Now(), false, false), &x.w, &x.ew); err != nil {
+		if err := c.waitPoll(ctx, x.sched.next(c.clock.Now(), false, false), maxSleep(cl.cfg), &x.w, &x.ew); err != nil {
 			return nil, x.attempts, x.giveUp(err)
 		}
 	}

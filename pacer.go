@@ -101,6 +101,17 @@ func (p *pacing) sawToken(t Token, now time.Time) {
 	}
 }
 
+// still returns how long before now the key's token counter was last
+// seen to change (0 when it was never seen).
+func (p *pacing) still(now time.Time) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.counter.sent.IsZero() {
+		return 0
+	}
+	return now.Sub(p.counter.sent)
+}
+
 // token returns the key's token counter as last seen, and whether one
 // was: a shared acquire is a compare-and-set on it, so a good guess saves
 // a read.
@@ -180,6 +191,7 @@ type schedule struct {
 	last  sighting  // the key's token counter as this wait (or the Unlock before it) last saw it
 	an    anchor    // the wait's registration, on the server's clock and this Client's (heldSince)
 	eta   time.Time // behind two or more waiters: when about one is left, estimated; zero for no estimate
+	ahead int       // waiters ahead of it, as last seen
 }
 
 // exclusive returns the schedule of an exclusive wait of the primitive,
@@ -239,7 +251,7 @@ func (s *schedule) saw(r record, sent, now time.Time, registered bool, ahead int
 	if s.plan == (turnPlan{}) && registered && ahead == 0 && !r.free() && !rw && s.rules.uses(ruleHeadPlan) {
 		s.plan = s.rules.aim(s.p.planHead(s.last, seen, s.an, s.cfg))
 	}
-	s.last = seen
+	s.last, s.ahead = seen, ahead
 	s.eta = time.Time{}
 	if period := s.p.period(now, s.cfg.ttl); period > 0 && ahead > 1 {
 		// Each waiter ahead holds the key about a period: read again
@@ -315,6 +327,11 @@ func (s *schedule) next(now time.Time, registered, head bool) time.Duration {
 		// Next after the head: read every half period to learn when it
 		// is the head.
 		d = min(d, max(period/2, cfg.minBackoff/4))
+	case !head && s.ahead >= 2:
+		// Nothing changes hands, two or more places back: the longer
+		// the key has stood still, the longer the sleep, up to a TTL
+		// (limit).
+		d = max(d, s.p.still(now)/2)
 	case !head:
 		// No period known (the counter seen once, or still for a TTL):
 		// behind a waiter that may be slow to come, read no more often
@@ -325,6 +342,26 @@ func (s *schedule) next(now time.Time, registered, head bool) time.Duration {
 		}
 	}
 	return s.rules.sleep(d, backoff)
+}
+
+// limit is the longest the wait sleeps at once at now, registered or
+// not, with ahead waiters before it, whatever its pacing planned
+// (waitPoll): maxSleep, so that the head sees the key freed, and the
+// next waiter that it is the head, within a poll interval; but a TTL
+// for a waiter two or more places back while nothing changes hands (no
+// period: the counter still for a TTL), which needs only to learn that
+// the queue moved, for the key cannot come to it before the waiter ahead
+// of it has had it. So a queue that waits through a long hold costs each
+// of its deeper waiters about a read a TTL, not one every poll interval,
+// and when the hold ends, the key waits at most once, at most a TTL, for
+// a deep waiter asleep (TestShortHoldsAfterLongHold). The liveness
+// bounds do not rest on it: the watches of the waiters ahead wake a wait
+// when one may be cleared, and the head and the next waiter keep maxSleep.
+func (s *schedule) limit(now time.Time, registered bool, ahead int) time.Duration {
+	if registered && ahead >= 2 && s.p.period(now, s.cfg.ttl) == 0 {
+		return max(s.cfg.ttl, maxSleep(s.cfg))
+	}
+	return maxSleep(s.cfg)
 }
 
 // The keep's memory (keep.go).

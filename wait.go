@@ -462,8 +462,9 @@ func (x *exclusiveWait) pause() error {
 	if !x.q.head() {
 		due = &watch{}
 	}
-	d := x.sched.next(x.c.clock.Now(), x.q.registered(), x.q.head())
-	if err := x.c.waitPoll(x.ctx, x.cl, d, due, &x.ew); err != nil {
+	now := x.c.clock.Now()
+	d := x.sched.next(now, x.q.registered(), x.q.head())
+	if err := x.c.waitPoll(x.ctx, d, x.sched.limit(now, x.q.registered(), len(x.q.ahead)), due, &x.ew); err != nil {
 		return err
 	}
 	x.joined = false
