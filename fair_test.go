@@ -969,8 +969,9 @@ func TestQueueFull(t *testing.T) {
 // and the key then sits free while the new head sleeps: a pacing that let
 // waiters two or more places back sleep up to a TTL whenever the key had
 // changed hands slowly took 1.4 s a turn here. Letting them do so only
-// while the key stands still (schedule.limit) costs one wait of at most a
-// TTL when the long hold ends: 286 ms a turn, against 99 ms without.
+// once the key has stood still for a TTL (schedule.limit) costs one wait
+// of at most a TTL when the long hold ends: 153 ms a turn, against 99 ms
+// without.
 func TestShortHoldsAfterLongHold(t *testing.T) {
 	const (
 		clients = 16

@@ -180,7 +180,10 @@ const (
 // from the interval the primitive's last wait reached, if that wait ended
 // less than a TTL ago. A Lock queued in the key's document under
 // contention follows a schedule of its own instead (docs/fairness.md), but
-// no wait sleeps longer than 1.5·max at a time. min is also how long an
+// no wait sleeps longer than 1.5·max at a time, but one: a Lock two or
+// more places back in the key's queue, once the key has not changed hands
+// for a TTL, sleeps up to a TTL (it cannot be next before the waiter
+// ahead of it). min is also how long an
 // Unlock under contention leaves a kept hold or a registration for its
 // Mutex's next Lock. Defaults: [DefaultMinBackoff] and [DefaultMaxBackoff].
 // It needs [MinBackoff] <= min <= max <= [MaxBackoff]; otherwise

@@ -327,10 +327,10 @@ func (s *schedule) next(now time.Time, registered, head bool) time.Duration {
 		// Next after the head: read every half period to learn when it
 		// is the head.
 		d = min(d, max(period/2, cfg.minBackoff/4))
-	case !head && s.ahead >= 2:
-		// Nothing changes hands, two or more places back: the longer
-		// the key has stood still, the longer the sleep, up to a TTL
-		// (limit).
+	case !head && s.ahead >= 2 && s.p.still(now) >= cfg.ttl:
+		// The key has stood still for a TTL, and the wait is two or more
+		// places back: the longer it stands still, the longer the sleep,
+		// up to a TTL (limit).
 		d = max(d, s.p.still(now)/2)
 	case !head:
 		// No period known (the counter seen once, or still for a TTL):
@@ -348,9 +348,8 @@ func (s *schedule) next(now time.Time, registered, head bool) time.Duration {
 // not, with ahead waiters before it, whatever its pacing planned
 // (waitPoll): maxSleep, so that the head sees the key freed, and the
 // next waiter that it is the head, within a poll interval; but a TTL
-// for a waiter two or more places back while nothing changes hands (no
-// period: the counter still for a TTL), which needs only to learn that
-// the queue moved, for the key cannot come to it before the waiter ahead
+// for a waiter two or more places back once the key's counter has stood
+// still for a TTL, which needs only to learn that the queue moved, for the key cannot come to it before the waiter ahead
 // of it has had it. So a queue that waits through a long hold costs each
 // of its deeper waiters about a read a TTL, not one every poll interval,
 // and when the hold ends, the key waits at most once, at most a TTL, for
@@ -358,7 +357,7 @@ func (s *schedule) next(now time.Time, registered, head bool) time.Duration {
 // bounds do not rest on it: the watches of the waiters ahead wake a wait
 // when one may be cleared, and the head and the next waiter keep maxSleep.
 func (s *schedule) limit(now time.Time, registered bool, ahead int) time.Duration {
-	if registered && ahead >= 2 && s.p.period(now, s.cfg.ttl) == 0 {
+	if registered && ahead >= 2 && s.p.still(now) >= s.cfg.ttl {
 		return max(s.cfg.ttl, maxSleep(s.cfg))
 	}
 	return maxSleep(s.cfg)
