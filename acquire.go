@@ -305,7 +305,8 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 		case try:
 			return nil, x.attempts, x.giveUp(errLockedElsewhere)
 		}
-		if err := c.waitPoll(ctx, x.sched.next(c.clock.Now(), false, false), maxSleep(cl.cfg), &x.w, &x.ew); err != nil {
+		now := c.clock.Now()
+		if err := c.waitPoll(ctx, x.sched.next(now, false, false), x.sched.limit(now, false, 0), &x.w, &x.ew); err != nil {
 			return nil, x.attempts, x.giveUp(err)
 		}
 	}

@@ -63,6 +63,13 @@ func BenchmarkFairness(b *testing.B) {
 			{clients: 8, hold: 20 * time.Millisecond, dur: 10 * time.Second},
 			{clients: 2, hold: 300 * time.Millisecond, dur: 10 * time.Second},
 			{clients: 2, hold: 3 * time.Second, ttl: 2 * time.Second, dur: 12 * time.Second},
+			// How cost and latency grow with the number of waiters.
+			{clients: 4, hold: 20 * time.Millisecond, dur: 16 * time.Second},
+			{clients: 16, hold: 20 * time.Millisecond, dur: 16 * time.Second},
+			{clients: 48, hold: 20 * time.Millisecond, dur: 16 * time.Second},
+			{clients: 4, hold: 250 * time.Millisecond, dur: 16 * time.Second},
+			{clients: 16, hold: 250 * time.Millisecond, dur: 16 * time.Second},
+			{clients: 48, hold: 250 * time.Millisecond, dur: 16 * time.Second},
 		} {
 			r.dur, r.server = time.Duration(float64(r.dur)*scale), server
 			for _, v := range fairVariants() {

@@ -970,8 +970,9 @@ func TestQueueFull(t *testing.T) {
 // waiters two or more places back sleep up to a TTL whenever the key had
 // changed hands slowly took 1.4 s a turn here. Letting them do so only
 // once the key has stood still for a TTL (schedule.limit) costs one wait
-// of at most a TTL when the long hold ends: 153 ms a turn, against 99 ms
-// without.
+// of at most a TTL when the long hold ends, and the head's and the next
+// waiter's longer sleeps one of at most a quarter TTL: 179 ms a turn,
+// against 99 ms without either.
 func TestShortHoldsAfterLongHold(t *testing.T) {
 	const (
 		clients = 16
@@ -1012,4 +1013,106 @@ func TestShortHoldsAfterLongHold(t *testing.T) {
 		t.Logf("%d short holds after a long one: %v a turn", (clients-1)*rounds, turn)
 		assert.LessOrEqual(t, turn, hold+fairPoll, "short turns after a long hold came at the long hold's pace")
 	})
+}
+
+// TestWaitingThroughLongHold: while a key stands still, its waiters read
+// less often the longer it stands (schedule.limit), whatever they wait
+// in: a Lock at the head of the queue, next, or further back, an RLock
+// behind a writer, a Semaphore's Acquire. Each key is held for two
+// minutes; in the second, the head, the next waiter and the shared
+// waiters send about one command a quarter TTL (and a read a TTL that
+// watches the holder), the waiters further back one a TTL, besides their registrations' upkeep (not counted: the
+// extensions). Without the rule (rulePeriod off), each polls about four
+// times a second, which shows the check has teeth. When the hold ends,
+// the head takes the key within a sixteenth of the hold, at most a
+// quarter TTL, and a poll.
+func TestWaitingThroughLongHold(t *testing.T) {
+	const hold = 2 * time.Minute
+	for _, tc := range []struct {
+		name  string
+		opts  []Option
+		cheap bool
+	}{
+		{"rules", nil, true},
+		{"no stillness rule", []Option{withPacer(withoutRule{rulePeriod})}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := newMemStore()
+				ctx := context.Background()
+				holder, _ := memClient(t, st)
+				mu, rw, sem := holder.NewMutex("k"), holder.NewRWMutex("rw"), holder.NewSemaphore("s", 1)
+				require.NoError(t, mu.Lock(ctx))
+				require.NoError(t, rw.Lock(ctx))
+				permit, err := sem.Acquire(ctx)
+				require.NoError(t, err)
+
+				type waiter struct {
+					name string
+					h    *hooked
+					most int // commands in the second minute, at most, with the rule
+				}
+				var ws []waiter
+				var wg sync.WaitGroup
+				var headTook time.Time
+				// A poll a quarter TTL, and a read a TTL of the holder's
+				// revision (the watch): at the head, next, and shared.
+				quarter := int(time.Minute/(DefaultTTL/4)) + int(time.Minute/DefaultTTL) + 2
+				for i, most := range []int{quarter, quarter, int(time.Minute/DefaultTTL) + 2, int(time.Minute/DefaultTTL) + 2} {
+					c, h := memClient(t, st, tc.opts...)
+					ws = append(ws, waiter{fmt.Sprint("Lock, place ", i), h, most})
+					m := c.NewMutex("k")
+					wg.Go(func() {
+						if assert.NoError(t, m.Lock(ctx)) {
+							if i == 0 {
+								headTook = time.Now()
+							}
+							assert.NoError(t, m.Unlock(ctx))
+						}
+					})
+					synctest.Wait() // registered, in this order
+				}
+				c, h := memClient(t, st, tc.opts...)
+				ws = append(ws, waiter{"RLock", h, quarter})
+				r := c.NewRWMutex("rw")
+				wg.Go(func() {
+					if assert.NoError(t, r.RLock(ctx)) {
+						assert.NoError(t, r.RUnlock(ctx))
+					}
+				})
+				c, h = memClient(t, st, tc.opts...)
+				ws = append(ws, waiter{"Semaphore.Acquire", h, quarter})
+				s := c.NewSemaphore("s", 1)
+				wg.Go(func() {
+					if l, err := s.Acquire(ctx); assert.NoError(t, err) {
+						assert.NoError(t, l.Release(ctx))
+					}
+				})
+
+				time.Sleep(hold / 2)
+				before := make([]int, len(ws))
+				for i, w := range ws {
+					before[i] = w.h.total() - w.h.count("extend")
+				}
+				time.Sleep(hold / 2)
+				for i, w := range ws {
+					n := w.h.total() - w.h.count("extend") - before[i]
+					t.Logf("%s: %d commands in the second minute", w.name, n)
+					if tc.cheap {
+						assert.LessOrEqual(t, n, w.most, w.name)
+					} else {
+						assert.Greater(t, n, 100, "%s: the check has no teeth", w.name)
+					}
+				}
+				ended := time.Now()
+				require.NoError(t, mu.Unlock(ctx))
+				require.NoError(t, rw.Unlock(ctx))
+				require.NoError(t, permit.Release(ctx))
+				wg.Wait()
+				took := headTook.Sub(ended)
+				t.Logf("the head took the key %v after the hold ended", took)
+				assert.LessOrEqual(t, took, min(hold/16, DefaultTTL/4)+fairPoll, "the head came late")
+			})
+		})
+	}
 }

@@ -192,6 +192,7 @@ type schedule struct {
 	an    anchor    // the wait's registration, on the server's clock and this Client's (heldSince)
 	eta   time.Time // behind two or more waiters: when about one is left, estimated; zero for no estimate
 	ahead int       // waiters ahead of it, as last seen
+	share bool      // a shared wait: it does not queue
 }
 
 // exclusive returns the schedule of an exclusive wait of the primitive,
@@ -201,9 +202,10 @@ func (p *pacing) exclusive(cfg *config, rules pacer) schedule {
 }
 
 // shared returns the schedule of a shared wait: plain backoff, resumed
-// where the primitive's last wait left it (lastWait).
+// where the primitive's last wait left it (lastWait), but for a key that
+// stands still (next).
 func (p *pacing) shared(cfg *config, rules pacer) schedule {
-	return schedule{p: p, cfg: cfg, rules: rules}
+	return schedule{p: p, cfg: cfg, rules: rules, share: true}
 }
 
 // contended reports whether the wait registers in the queue at once,
@@ -298,7 +300,9 @@ func (s *schedule) ended(now time.Time) {
 
 // next returns how long the wait sleeps before its next round, at now,
 // registered or not, at the head or not: as its plan says; or, registered,
-// paced by how often the key changes hands (period); or on the backoff.
+// paced by how often the key changes hands (period); or, registered or
+// shared, by how long it has stood still, once that is a TTL (limit); or
+// on the backoff.
 func (s *schedule) next(now time.Time, registered, head bool) time.Duration {
 	cfg := s.cfg
 	if s.polls == nil {
@@ -313,7 +317,11 @@ func (s *schedule) next(now time.Time, registered, head bool) time.Duration {
 		if s.plan.head { // a head's plan keeps within the backoff's bounds: see WithBackoff
 			d = min(d, cfg.maxBackoff)
 		}
-	case !registered || !s.rules.uses(rulePeriod):
+	case !s.rules.uses(rulePeriod):
+	case s.share && s.p.still(now) >= cfg.ttl:
+		// A shared wait, unqueued, as the head does (below).
+		d = max(d, s.p.still(now)/16)
+	case !registered:
 	case period > 0 && head:
 		// The key changes hands about every period: the head polls four
 		// times a period.
@@ -327,11 +335,17 @@ func (s *schedule) next(now time.Time, registered, head bool) time.Duration {
 		// Next after the head: read every half period to learn when it
 		// is the head.
 		d = min(d, max(period/2, cfg.minBackoff/4))
-	case !head && s.ahead >= 2 && s.p.still(now) >= cfg.ttl:
-		// The key has stood still for a TTL, and the wait is two or more
-		// places back: the longer it stands still, the longer the sleep,
-		// up to a TTL (limit).
-		d = max(d, s.p.still(now)/2)
+	case s.p.still(now) >= cfg.ttl:
+		// The key has stood still for a TTL: the longer it stands still,
+		// the longer the sleep, up to the limit; two or more places back
+		// half as long as it stood still, at the head and next a
+		// sixteenth, so that they see the hold end within about a
+		// sixteenth of how long it lasted.
+		share := time.Duration(16)
+		if !head && s.ahead >= 2 {
+			share = 2
+		}
+		d = max(d, s.p.still(now)/share)
 	case !head:
 		// No period known (the counter seen once, or still for a TTL):
 		// behind a waiter that may be slow to come, read no more often
@@ -347,20 +361,26 @@ func (s *schedule) next(now time.Time, registered, head bool) time.Duration {
 // limit is the longest the wait sleeps at once at now, registered or
 // not, with ahead waiters before it, whatever its pacing planned
 // (waitPoll): maxSleep, so that the head sees the key freed, and the
-// next waiter that it is the head, within a poll interval; but a TTL
-// for a waiter two or more places back once the key's counter has stood
-// still for a TTL, which needs only to learn that the queue moved, for the key cannot come to it before the waiter ahead
-// of it has had it. So a queue that waits through a long hold costs each
-// of its deeper waiters about a read a TTL, not one every poll interval,
-// and when the hold ends, the key waits at most once, at most a TTL, for
-// a deep waiter asleep (TestShortHoldsAfterLongHold). The liveness
-// bounds do not rest on it: the watches of the waiters ahead wake a wait
-// when one may be cleared, and the head and the next waiter keep maxSleep.
+// next waiter that it is the head, within a poll interval; but, once
+// the key's counter has stood still for a TTL, a TTL for a waiter two or
+// more places back, which needs only to learn that the queue moved, for
+// the key cannot come to it before the waiter ahead of it has had it,
+// and a quarter TTL for the head and the next waiter. So a queue that
+// waits through a long hold costs each of its deeper waiters about a
+// read a TTL, and the head and the next about four, not one every poll
+// interval; when the hold ends, the head sees it within a sixteenth of
+// the hold and a quarter TTL, and the key waits at most once, at most a
+// TTL, for a deep waiter asleep (TestShortHoldsAfterLongHold). The
+// liveness bounds do not rest on it: the watches of the holder and of
+// the waiters ahead wake a wait when one may be cleared.
 func (s *schedule) limit(now time.Time, registered bool, ahead int) time.Duration {
-	if registered && ahead >= 2 && s.p.still(now) >= s.cfg.ttl {
+	switch {
+	case !(registered || s.share) || s.p.still(now) < s.cfg.ttl:
+		return maxSleep(s.cfg)
+	case registered && ahead >= 2:
 		return max(s.cfg.ttl, maxSleep(s.cfg))
 	}
-	return maxSleep(s.cfg)
+	return max(s.cfg.ttl/4, maxSleep(s.cfg))
 }
 
 // The keep's memory (keep.go).

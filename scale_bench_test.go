@@ -36,9 +36,10 @@ import (
 // turns of every Client, but capped for 256 Clients and more (scaleMaxDur);
 // a row whose cap leaves room for fewer than scaleMinHolds holds (1024
 // Clients holding 5 s) is skipped, with the reason logged. The idle rows
-// (idle/mutex/clients=C, idle/election/clients=C) run one Client that holds
-// the key for the whole row while the C−1 others wait in Mutex.Lock or
-// Election.Campaign, with the default TTL and backoff: the cost of waiting
+// (idle/mutex/clients=C, idle/election/clients=C, idle/semaphore/clients=C)
+// run one Client that holds the key (a Semaphore's one permit) for the
+// whole row while the C−1 others wait in Mutex.Lock, Election.Campaign or
+// Semaphore.Acquire, with the default TTL and backoff: the cost of waiting
 // while nothing changes hands. Each row reports metrics
 // (see runScaleLoop and runScaleIdle) and logs one line of a markdown table,
 // whose header is logged before the first row of its kind; and it logs what
@@ -76,7 +77,7 @@ func BenchmarkScale(b *testing.B) {
 	}
 	b.Logf("| primitive | waiting | simulated | cmds/s/waiter, 2nd half | whole row | heap/waiter | stack/waiter |")
 	b.Logf("|---|--:|--:|--:|--:|--:|--:|")
-	for _, prim := range []string{"mutex", "election"} {
+	for _, prim := range []string{"mutex", "election", "semaphore"} {
 		for _, c := range []int{48, 1024} {
 			r := scaleRow{clients: c, dur: time.Duration(float64(min(scaleIdleDur, scaleMaxDur(c))) * stretch)}
 			b.Run(fmt.Sprintf("idle/%s/clients=%d", prim, c), func(b *testing.B) {
@@ -529,18 +530,23 @@ func runScaleIdle(b *testing.B, r scaleRow, prim string) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		take := func(c *Client, value string) (release func() error, err error) {
-			if prim == "election" {
-				l, err := c.NewElection("k").Campaign(ctx, value)
-				if err != nil {
+			var l *Lease
+			switch prim {
+			case "election":
+				l, err = c.NewElection("k").Campaign(ctx, value)
+			case "semaphore": // one permit: the others wait for it, unqueued
+				l, err = c.NewSemaphore("k", 1).Acquire(ctx)
+			default:
+				m := c.NewMutex("k")
+				if err := m.Lock(ctx); err != nil {
 					return nil, err
 				}
-				return func() error { return l.Release(context.WithoutCancel(ctx)) }, nil
+				return func() error { return m.Unlock(context.WithoutCancel(ctx)) }, nil
 			}
-			m := c.NewMutex("k")
-			if err := m.Lock(ctx); err != nil {
+			if err != nil {
 				return nil, err
 			}
-			return func() error { return m.Unlock(context.WithoutCancel(ctx)) }, nil
+			return func() error { return l.Release(context.WithoutCancel(ctx)) }, nil
 		}
 		release, err := take(holder[0], "holder")
 		if err != nil {

@@ -280,12 +280,33 @@ func run(t *testing.T, sc scenario) report {
 		next, sc.duration, r.faults, r.holds, r.lost, len(r.margins), r.minMargin(), r.excused, r.reads, r.staleReads, r.writes, r.accepted, r.stale, r.unknown, r.late, final, r.lostUpdates, len(r.violations))
 	if !assert.Empty(t, r.violations) {
 		keepHistory(t, logPath)
+		rereadRegisters(t, uri, db.Name())
 	}
 	progressed := assert.Positive(t, r.accepted)
 	if !assert.Positive(t, r.late, "waiters progress once the faults stop") || !progressed {
 		keepHistory(t, logPath)
 	}
 	return r
+}
+
+// rereadRegisters logs the registers as a new client, on new connections,
+// reads them: after a violation, whether the final value read was the
+// data's or a stale view of it.
+func rereadRegisters(t *testing.T, uri, name string) {
+	c, err := mongo.Connect(options.Client().ApplyURI(uri))
+	if err != nil {
+		t.Logf("re-read: %v", err)
+		return
+	}
+	defer c.Disconnect(context.Background())
+	cur, err := c.Database(name).Collection("data").Find(context.Background(), bson.D{})
+	if err != nil {
+		t.Logf("re-read: %v", err)
+		return
+	}
+	var regs []bson.M
+	err = cur.All(context.Background(), &regs)
+	t.Logf("re-read by a new client: %v (%v)", regs, err)
 }
 
 // keepHistory copies a run's history into the directory named by

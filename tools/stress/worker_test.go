@@ -368,14 +368,15 @@ func read(ctx context.Context, data *mongo.Collection, key string, t dlock.Token
 	}
 }
 
-// write sets the register to v, fenced by t, and says what became of it.
+// write sets the register to v, fenced by t, and says what became of it;
+// the register records t too (by), for a failure to be studied.
 // It does not use the lease's context: a write that a pause delayed past
 // the lease must still reach the register, for the fence to judge it.
 func write(data *mongo.Collection, key string, v int64, t dlock.Token) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, err := dlock.UpdateFenced(ctx, data, bson.D{{Key: "_id", Value: key}},
-		bson.D{{Key: "$set", Value: bson.D{{Key: "value", Value: v}}}}, t)
+		bson.D{{Key: "$set", Value: bson.D{{Key: "value", Value: v}, {Key: "by", Value: int64(t)}}}}, t)
 	switch {
 	case err == nil:
 		return resOK
