@@ -35,7 +35,9 @@ func (c *Client) lockExclusive(ctx context.Context, cl claim, name string, try b
 	defer c.finish()
 	start := time.Now()
 	cl.pace.relocking(c.clock.Now(), requeueWindow(cl.cfg))
+	parent := ctx
 	ctx, span := c.tel.lockSpan(ctx, name, key, c.owner)
+	cl.attempt.trace = traceOf(span, parent) // also for a handoff to this call (handOver)
 	attempts := 0
 	defer func() { c.tel.endLock(ctx, span, start, attempts, l, err) }()
 
@@ -70,7 +72,9 @@ func (c *Client) lockShared(ctx context.Context, cl claim, name string, try bool
 	}
 	defer c.finish()
 	start := time.Now()
+	parent := ctx
 	ctx, span := c.tel.lockSpan(ctx, name, cl.attempt.key, c.owner)
+	cl.attempt.trace = traceOf(span, parent)
 	attempts := 0
 	defer func() { c.tel.endLock(ctx, span, start, attempts, l, err) }()
 	l, attempts, err = c.acquireShared(ctx, cl, try)
@@ -330,6 +334,8 @@ type sharedWait struct {
 	firstSent time.Time // when the first attempt whose outcome is unknown was sent
 	waitLog             // what the wait saw, for its error
 	ready     bool      // with stepAgain from read: the record looks takeable, attempt at once
+	holder    record    // the last record whose holders were reported to the trace
+	events    int       // holders reported
 }
 
 func (x *sharedWait) giveUp(err error) error {
@@ -421,6 +427,7 @@ func (x *sharedWait) read() (step, error) {
 	if x.ready = r.sharable(*a); x.ready {
 		return stepAgain, nil
 	}
+	x.events += c.tel.heldBy(x.ctx, a.key, r, &x.holder, maxHeldEvents-x.events)
 	if r.free() {
 		x.w = watch{} // no hold to take over: registered writers block it (ew)
 	} else {

@@ -16,6 +16,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
@@ -64,8 +65,10 @@ func BenchmarkFloor(b *testing.B) {
 
 // BenchmarkLockUnlock: uncontended Lock+Unlock, on one key and on a new
 // key each time; with explicit no-op telemetry providers, to compare with
-// the default (the global providers, no-op when nobody set them); and
-// against the stub server, where the time is the Client's own.
+// the default (the global providers, no-op when nobody set them), and
+// with a recording tracer (spans recorded, as under an SDK, but not
+// exported; the hold then stores its trace context); and against the
+// stub server, where the time is the Client's own.
 func BenchmarkLockUnlock(b *testing.B) {
 	for _, tc := range []struct {
 		name     string
@@ -76,6 +79,8 @@ func BenchmarkLockUnlock(b *testing.B) {
 		{"key=one", false, false, nil},
 		{"key=distinct", true, false, nil},
 		{"key=one/telemetry=noop", false, false, []Option{WithTracerProvider(tracenoop.NewTracerProvider()), WithMeterProvider(metricnoop.NewMeterProvider())}},
+		{"key=one/tracer=recording", false, false, []Option{WithTracerProvider(sdktrace.NewTracerProvider())}}, // spans recorded, none exported
+		{"key=one/server=ack/tracer=recording", false, true, []Option{WithTracerProvider(sdktrace.NewTracerProvider())}},
 		{"key=one/server=ack", false, true, nil},
 	} {
 		b.Run(tc.name, func(b *testing.B) {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // An Election elects a leader among the Clients that campaign under one
@@ -70,6 +72,10 @@ type Leader struct {
 	// new term, so a store that rejects stale tokens ([Fence]) turns away
 	// the writes of a leader whose term has ended.
 	Token Token
+	// TraceID and SpanID name the span of the Campaign that began the
+	// term, as [Holder] has them; zero when the term stored none.
+	TraceID trace.TraceID
+	SpanID  trace.SpanID
 }
 
 // NewElection returns an Election under name (its key). Options given
@@ -172,7 +178,7 @@ func leaderOf(name string, r record) (Leader, error) {
 	case r.Owner == "" || r.Raw:
 		return Leader{}, fmt.Errorf("%w in %q", ErrNoLeader, name)
 	}
-	return Leader{Value: string(r.Data), Owner: r.Owner, Token: r.Token}, nil
+	return Leader{Value: string(r.Data), Owner: r.Owner, Token: r.Token, TraceID: r.Trace.traceID, SpanID: r.Trace.spanID}, nil
 }
 
 // Proclaim changes the leader's value to value without ending the term:

@@ -5,6 +5,8 @@ import (
 	"context"
 	"maps"
 	"slices"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // A Holder is one hold of a key, as [Client.Holders] reads it.
@@ -13,6 +15,15 @@ type Holder struct {
 	Token  Token  // the hold's fencing token; for an exclusive hold, the key's counter, which may be one above it (see below)
 	Data   []byte // what the holder stored with it ([WithData]), or nil
 	Shared bool   // a shared (read) hold or a Semaphore permit
+
+	// TraceID and SpanID name the span of the Lock (or RLock, Acquire,
+	// Campaign) that made the hold, when its Client was given a context
+	// with a valid span: the Lock span if recorded, else the caller's span
+	// (see "Telemetry" in the README). Zero (not IsValid) when the hold
+	// stored none: no span, a Client of an older dlock, or a waiter. Paste
+	// TraceID into a tracing UI to see what the holder is doing.
+	TraceID trace.TraceID
+	SpanID  trace.SpanID
 
 	// Waiting marks a waiter registered in the key's queue for its
 	// exclusive hold, not a hold (Token is 0): while one is registered, a
@@ -64,10 +75,10 @@ func (c *Client) Holders(ctx context.Context, key string) ([]Holder, error) {
 func holdersOf(r record) []Holder {
 	var hs []Holder
 	if r.Owner != "" {
-		hs = append(hs, Holder{Owner: r.Owner, Token: r.Token, Data: r.Data})
+		hs = append(hs, Holder{Owner: r.Owner, Token: r.Token, Data: r.Data, TraceID: r.Trace.traceID, SpanID: r.Trace.spanID})
 	}
 	for _, e := range r.Shared {
-		hs = append(hs, Holder{Owner: e.Owner, Token: e.Token, Data: e.Data, Shared: true})
+		hs = append(hs, Holder{Owner: e.Owner, Token: e.Token, Data: e.Data, Shared: true, TraceID: e.Trace.traceID, SpanID: e.Trace.spanID})
 	}
 	slices.SortFunc(hs, func(a, b Holder) int { return cmp.Compare(a.Token, b.Token) })
 	return hs

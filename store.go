@@ -22,6 +22,7 @@ type record struct {
 	Hold  int64         // names the acquisition (or handoff) that made the hold, unique per owner
 	Raw   bool          // created by an acquire, and no hold has written its base yet: Token counts from 0, not from the floor (docs/design.md)
 	Data  []byte        // the exclusive hold's data
+	Trace holdTrace     // the exclusive hold's trace context, or none (telemetry.go): data, which no write's filter names
 
 	Kind    string           // "" (Mutex), kindRW, kindElection or "sem/N"
 	Shared  map[string]entry // shared holds by hold key (see holdKey)
@@ -40,7 +41,8 @@ type entry struct {
 	TTL   time.Duration
 	Data  []byte
 	Epoch int64
-	Q     int64 // a waiter's queue number: waiters take the key in its order
+	Q     int64     // a waiter's queue number: waiters take the key in its order
+	Trace holdTrace // a shared hold's trace context, or none (a registration has none)
 
 	// Stored is a registration's value exactly as the store keeps it,
 	// opaque, or "" for a store that keeps none (memStore). mongoStore
@@ -281,8 +283,9 @@ type attempt struct {
 	owner string
 	hold  int64
 	ttl   time.Duration
-	kind  string // the key's kind: "" for a Mutex
-	data  []byte // stored with the hold
+	kind  string    // the key's kind: "" for a Mutex
+	data  []byte    // stored with the hold
+	trace holdTrace // stored with the hold: the trace context of the Lock that makes it (traceOf)
 
 	// Shared holds (RWMutex.RLock, Semaphore) only.
 	shared bool

@@ -104,7 +104,7 @@ func (s *memStore) acquire(ctx context.Context, a attempt, takeover stamp) (reco
 		if r.Shared == nil {
 			r.Shared = map[string]entry{}
 		}
-		r.Shared[hk] = entry{Owner: a.owner, Hold: a.hold, Token: r.Token, TTL: a.ttl, Data: a.data}
+		r.Shared[hk] = entry{Owner: a.owner, Hold: a.hold, Token: r.Token, TTL: a.ttl, Data: a.data, Trace: a.trace}
 		return s.write(a.key, r), nil
 	}
 	ours := r.Owner == a.owner && r.Hold == a.hold
@@ -118,7 +118,7 @@ func (s *memStore) acquire(ctx context.Context, a attempt, takeover stamp) (reco
 	if !exists {
 		r.Token = 0
 	}
-	r.Owner, r.Hold, r.TTL, r.Data = a.owner, a.hold, a.ttl, a.data
+	r.Owner, r.Hold, r.TTL, r.Data, r.Trace = a.owner, a.hold, a.ttl, a.data, a.trace
 	r.Token++
 	if a.spare {
 		r.Token++
@@ -166,7 +166,7 @@ func (s *memStore) requeue(ctx context.Context, ref leaseRef, next attempt) (rec
 		return record{}, errNotOwner
 	}
 	r.settle(ref)
-	r.Owner, r.Data = "", nil
+	r.Owner, r.Data, r.Trace = "", nil, holdTrace{}
 	r.enqueue(next)
 	return s.write(ref.key, r), nil
 }
@@ -185,7 +185,7 @@ func (s *memStore) reap(ctx context.Context, key string, at stamp, stale []stale
 		if !r.at(at) {
 			return false, nil
 		}
-		r.Owner, r.Data, r.Shared = "", nil, nil // waiters keep their places
+		r.Owner, r.Data, r.Trace, r.Shared = "", nil, holdTrace{}, nil // waiters keep their places
 		s.write(key, r)
 		return true, nil
 	}
@@ -275,7 +275,7 @@ func (s *memStore) handoff(ctx context.Context, ref leaseRef, next attempt) (rec
 	if !ok || ref.role != roleExclusive || !r.queueOpen(next) {
 		return record{}, errNotOwner
 	}
-	r.Hold, r.TTL, r.Data = next.hold, next.ttl, next.data
+	r.Hold, r.TTL, r.Data, r.Trace = next.hold, next.ttl, next.data, next.trace
 	if ref.raw { // as mongoStore: $max to one above the hold's token
 		r.Token, r.Raw = max(r.Token, ref.token+1), false
 	} else {
@@ -327,7 +327,7 @@ func (s *memStore) free(ref leaseRef) error {
 	}
 	r.settle(ref)
 	if ref.role == roleExclusive {
-		r.Owner, r.Data = "", nil
+		r.Owner, r.Data, r.Trace = "", nil, holdTrace{}
 	} else {
 		delete(r.entries(ref.role), holdKey(ref.owner, ref.hold))
 	}
@@ -384,7 +384,7 @@ func (s *memStore) abandon(ctx context.Context, a attempt) error {
 			s.write(a.key, r)
 		}
 	case r.Owner == a.owner && r.Hold == a.hold:
-		r.Owner, r.Data = "", nil
+		r.Owner, r.Data, r.Trace = "", nil, holdTrace{}
 		s.write(a.key, r)
 	}
 	return nil

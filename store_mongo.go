@@ -2,6 +2,7 @@ package dlock
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -21,11 +22,12 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/description"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Field names of a lock document: {_id: key, owner, token, rev, ttl, at,
-// hold, raw}, and of the floor document {_id: "", floor}. docs/design.md has the
-// design.
+// hold, raw, data, tc, kind, n, h, w, wq}, and of the floor document
+// {_id: "", floor}. docs/design.md has the design.
 const (
 	fOwner = "owner"
 	fToken = "token"
@@ -35,6 +37,7 @@ const (
 	fHold  = "hold"
 	fRaw   = "raw"
 	fData  = "data"
+	fTrace = "tc" // the exclusive hold's trace context (traceValue); a shared hold's entry has one too
 	fKind  = "kind"
 	fN     = "n"  // entries in h
 	fH     = "h"  // shared holds by hold key
@@ -71,6 +74,7 @@ type lockDoc struct {
 	Data  []byte    `bson:"data"`
 	Kind  string    `bson:"kind"`
 
+	TC    bson.RawValue            `bson:"tc"` // read leniently: see traceFrom
 	H     map[string]entryDoc      `bson:"h"`
 	W     map[string]bson.RawValue `bson:"w"` // registrations: see waiterValue
 	Queue int64                    `bson:"wq"`
@@ -86,11 +90,75 @@ type entryDoc struct {
 	Data  []byte `bson:"d,omitempty"`
 	Epoch int64  `bson:"e"`
 	Q     int64  `bson:"q,omitempty"`
+
+	TC bson.RawValue `bson:"tc,omitempty"` // a shared hold's trace context (traceValue)
 }
 
 func (d lockDoc) record() record {
 	return record{Owner: d.Owner, Token: Token(d.Token), Rev: d.Rev, TTL: time.Duration(d.TTL) * time.Millisecond, At: d.At, Hold: d.Hold, Raw: d.Raw,
-		Data: d.Data, Kind: d.Kind, Shared: entries(d.H), Waiters: decodeWaiters(d.W), Queue: d.Queue}
+		Data: d.Data, Trace: traceFrom(d.TC, d.Owner, d.Hold), Kind: d.Kind, Shared: entries(d.H), Waiters: decodeWaiters(d.W), Queue: d.Queue}
+}
+
+// traceLen is the length of a stored trace context (traceValue).
+const traceLen = 16 + 8 + 1 + 8
+
+// traceValue is the stored form of trace context t of the hold named by
+// owner and hold: binary (subtype 0) of traceLen bytes, the trace id, the
+// span id, the trace flags, and a fingerprint of the hold's name
+// (holdPrint). It is written by the write that makes the hold, in the
+// same command, and only when t is valid (otherwise that write unsets the
+// field); a write that ends the hold unsets it.
+func traceValue(t holdTrace, owner string, hold int64) bson.Binary {
+	b := make([]byte, traceLen)
+	copy(b, t.traceID[:])
+	copy(b[16:], t.spanID[:])
+	b[24] = byte(t.flags)
+	binary.BigEndian.PutUint64(b[25:], holdPrint(owner, hold))
+	return bson.Binary{Data: b}
+}
+
+// traceFrom reads back the trace context that traceValue stored for the
+// hold named by owner and hold. Anything else is none, and no error: an
+// absent field (a document of an older dlock, or a hold whose Lock had no
+// span), a value not of traceValue's form, or one stored for another hold,
+// which an older dlock leaves in place when it takes over a hold of this
+// one: the fingerprint ties the field to the hold it was written with.
+func traceFrom(v bson.RawValue, owner string, hold int64) holdTrace {
+	sub, b, ok := v.BinaryOK()
+	if !ok || sub != 0 || len(b) != traceLen || binary.BigEndian.Uint64(b[25:]) != holdPrint(owner, hold) {
+		return holdTrace{}
+	}
+	var t holdTrace
+	copy(t.traceID[:], b)
+	copy(t.spanID[:], b[16:])
+	t.flags = trace.TraceFlags(b[24])
+	if !t.valid() {
+		return holdTrace{}
+	}
+	return t
+}
+
+// holdPrint is a 64-bit fingerprint (FNV-1a) of the name of a hold, its
+// owner and hold id, which never repeats for a key.
+func holdPrint(owner string, hold int64) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(owner); i++ {
+		h = (h ^ uint64(owner[i])) * 1099511628211
+	}
+	for i := range 8 {
+		h = (h ^ uint64(byte(hold>>(8*i)))) * 1099511628211
+	}
+	return h
+}
+
+// traced adds to update, the write that makes the hold named by owner and
+// hold, the hold's trace context t: set when valid, otherwise unset (it
+// may be a former hold's, in a document of an older dlock).
+func traced(update bson.D, t holdTrace, owner string, hold int64) bson.D {
+	if !t.valid() {
+		return withOp(update, "$unset", bson.E{Key: fTrace, Value: ""})
+	}
+	return withOp(update, "$set", bson.E{Key: fTrace, Value: traceValue(t, owner, hold)})
 }
 
 // A registration is stored as one string, waiterValue's "q:ttl:epoch"
@@ -158,7 +226,8 @@ func entries(docs map[string]entryDoc) map[string]entry {
 	}
 	m := make(map[string]entry, len(docs))
 	for k, e := range docs {
-		m[k] = entry{Owner: e.Owner, Hold: e.Hold, Token: Token(e.Token), TTL: time.Duration(e.TTL) * time.Millisecond, Data: e.Data, Epoch: e.Epoch, Q: e.Q}
+		m[k] = entry{Owner: e.Owner, Hold: e.Hold, Token: Token(e.Token), TTL: time.Duration(e.TTL) * time.Millisecond, Data: e.Data, Epoch: e.Epoch, Q: e.Q,
+			Trace: traceFrom(e.TC, e.Owner, e.Hold)}
 	}
 	return m
 }
@@ -250,7 +319,7 @@ var (
 	}
 	free = bson.D{
 		{Key: "$set", Value: bson.D{{Key: fOwner, Value: ""}}},
-		{Key: "$unset", Value: bson.D{{Key: fData, Value: ""}}},
+		{Key: "$unset", Value: bson.D{{Key: fData, Value: ""}, {Key: fTrace, Value: ""}}},
 		{Key: "$inc", Value: bson.D{{Key: fRev, Value: int64(1)}}},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}
@@ -378,6 +447,11 @@ func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover stamp) (re
 	if a.registered {
 		unset = append(unset, bson.E{Key: path(fW, a.holdKey()), Value: ""})
 	}
+	if a.trace.valid() {
+		update[0].Value = append(update[0].Value.(bson.D), bson.E{Key: fTrace, Value: traceValue(a.trace, a.owner, a.hold)})
+	} else {
+		unset = append(unset, bson.E{Key: fTrace, Value: ""})
+	}
 	if unset != nil {
 		update = append(update, bson.E{Key: "$unset", Value: unset})
 	}
@@ -467,6 +541,10 @@ func (s *mongoStore) acquireShared(ctx context.Context, a attempt) (record, erro
 	}
 	t := int64(a.token) + 1
 	e := entryDoc{Owner: a.owner, Hold: a.hold, Token: t, TTL: ttlMillis(a.ttl), Data: a.data}
+	if a.trace.valid() {
+		typ, v, _ := bson.MarshalValue(traceValue(a.trace, a.owner, a.hold)) // a bson.Binary always marshals
+		e.TC = bson.RawValue{Type: typ, Value: v}
+	}
 	update := bson.D{
 		{Key: "$set", Value: bson.D{{Key: fToken, Value: t}, {Key: path(fH, a.holdKey()), Value: e}}},
 		{Key: "$inc", Value: bson.D{{Key: fN, Value: 1}, {Key: fRev, Value: int64(1)}}},
@@ -496,7 +574,7 @@ func (s *mongoStore) reap(ctx context.Context, key string, at stamp, stale []sta
 		filter = append(filter, stampFilter(at)...)
 		update = bson.D{
 			{Key: "$set", Value: bson.D{{Key: fOwner, Value: ""}, {Key: fH, Value: bson.D{}}, {Key: fN, Value: 0}}},
-			{Key: "$unset", Value: bson.D{{Key: fData, Value: ""}}},
+			{Key: "$unset", Value: bson.D{{Key: fData, Value: ""}, {Key: fTrace, Value: ""}}},
 			{Key: "$inc", Value: bson.D{{Key: fRev, Value: int64(1)}}},
 			{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 		}
@@ -559,6 +637,7 @@ func (s *mongoStore) handoff(ctx context.Context, ref leaseRef, next attempt) (r
 	if next.data == nil {
 		update = withOp(update, "$unset", bson.E{Key: fData, Value: ""})
 	}
+	update = traced(update, next.trace, ref.owner, next.hold)
 	if ref.raw {
 		// The counter is at most ref.token while ref holds the key, base
 		// written or not: one above it is the next token either way.
@@ -627,7 +706,7 @@ func (s *mongoStore) registration(a attempt) bson.D {
 func (s *mongoStore) requeue(ctx context.Context, ref leaseRef, next attempt) (record, error) {
 	update := bson.D{
 		{Key: "$set", Value: append(bson.D{{Key: fOwner, Value: ""}}, s.registration(next)...)},
-		{Key: "$unset", Value: bson.D{{Key: fData, Value: ""}}},
+		{Key: "$unset", Value: bson.D{{Key: fData, Value: ""}, {Key: fTrace, Value: ""}}},
 		{Key: "$inc", Value: bson.D{{Key: fRev, Value: int64(1)}}},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}

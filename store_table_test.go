@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // The in-memory store and the MongoDB store implement every conditional
@@ -36,7 +37,18 @@ func tableStates() map[string]*record {
 		"rw shared":     {Kind: kindRW, Token: 3, Rev: 5, Shared: map[string]entry{hk("o3", 4): {Owner: "o3", Hold: 4, Token: 3, TTL: time.Second}}},
 		"rw shared raw": {Kind: kindRW, Token: 1, Rev: 1, Raw: true, Shared: map[string]entry{hk("o3", 4): {Owner: "o3", Hold: 4, Token: 1, TTL: time.Second}}},
 		"rw free":       {Kind: kindRW, Token: 3, Rev: 5},
+		// Holds that stored a trace context (tableTraces).
+		"held traced": {Owner: "o1", Hold: 7, Token: 3, Rev: 5, TTL: time.Second, Trace: tableTraces[0]},
+		"rw shared traced": {Kind: kindRW, Token: 3, Rev: 5, Shared: map[string]entry{
+			hk("o3", 4): {Owner: "o3", Hold: 4, Token: 3, TTL: time.Second, Trace: tableTraces[0]}}},
 	}
+}
+
+// tableTraces are trace contexts that holds store: one of the states',
+// one of the writes'.
+var tableTraces = [2]holdTrace{
+	{traceID: trace.TraceID{1, 2}, spanID: trace.SpanID{3}, flags: trace.FlagsSampled},
+	{traceID: trace.TraceID{4, 5}, spanID: trace.SpanID{6}},
 }
 
 // tableWrites are the writes, each as it is sent to a store for key.
@@ -58,7 +70,23 @@ func tableWrites() map[string]func(ctx context.Context, s store, key string) (re
 			return record{Rev: int64(n)}, err
 		}
 	}
+	traced := func(a attempt) attempt {
+		a.trace = tableTraces[1]
+		return a
+	}
 	return map[string]func(ctx context.Context, s store, key string) (record, error){
+		"acquire traced": func(ctx context.Context, s store, key string) (record, error) {
+			return s.acquire(ctx, traced(mutex(key)), stamp{})
+		},
+		"acquire traced, takeover of held": func(ctx context.Context, s store, key string) (record, error) {
+			return s.acquire(ctx, traced(mutex(key)), stampOf(held))
+		},
+		"reader acquire traced at 3": func(ctx context.Context, s store, key string) (record, error) {
+			return s.acquire(ctx, traced(reader(key, 3)), stamp{})
+		},
+		"hand off traced": func(ctx context.Context, s store, key string) (record, error) {
+			return s.handoff(ctx, old(key), traced(attempt{key: key, owner: "o1", hold: 8, ttl: time.Second}))
+		},
 		"remove as read":          removal(5, 3),
 		"remove, token of before": removal(5, 2),
 		"remove raw":              removal(2, 1),
@@ -156,10 +184,17 @@ func seedDoc(key string, r record) bson.D {
 	if r.Kind != "" {
 		d = append(d, bson.E{Key: fKind, Value: r.Kind})
 	}
+	if r.Trace.valid() {
+		d = append(d, bson.E{Key: fTrace, Value: traceValue(r.Trace, r.Owner, r.Hold)})
+	}
 	if len(r.Shared) > 0 {
 		h := bson.D{}
 		for k, e := range r.Shared {
-			h = append(h, bson.E{Key: k, Value: entryDoc{Owner: e.Owner, Hold: e.Hold, Token: int64(e.Token), TTL: ttlMillis(e.TTL), Epoch: e.Epoch}})
+			ed := bson.D{{Key: "o", Value: e.Owner}, {Key: fHold, Value: e.Hold}, {Key: eToken, Value: int64(e.Token)}, {Key: fTTL, Value: ttlMillis(e.TTL)}, {Key: eEpoch, Value: e.Epoch}}
+			if e.Trace.valid() {
+				ed = append(ed, bson.E{Key: fTrace, Value: traceValue(e.Trace, e.Owner, e.Hold)})
+			}
+			h = append(h, bson.E{Key: k, Value: ed})
 		}
 		d = append(d, bson.E{Key: fN, Value: int32(len(r.Shared))}, bson.E{Key: fH, Value: h})
 	}
@@ -191,10 +226,10 @@ func outcome(reply record, err error, after record) string {
 
 func describe(r record) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "{owner %q hold %d token %d rev %d raw %v kind %q queue %d data %q", r.Owner, r.Hold, r.Token, r.Rev, r.Raw, r.Kind, r.Queue, r.Data)
+	fmt.Fprintf(&b, "{owner %q hold %d token %d rev %d raw %v kind %q queue %d data %q trace %v", r.Owner, r.Hold, r.Token, r.Rev, r.Raw, r.Kind, r.Queue, r.Data, r.Trace)
 	for _, k := range slices.Sorted(maps.Keys(r.Shared)) {
 		e := r.Shared[k]
-		fmt.Fprintf(&b, " h[%s]{%s %d t%d e%d}", k, e.Owner, e.Hold, e.Token, e.Epoch)
+		fmt.Fprintf(&b, " h[%s]{%s %d t%d e%d trace %v}", k, e.Owner, e.Hold, e.Token, e.Epoch, e.Trace)
 	}
 	for _, k := range slices.Sorted(maps.Keys(r.Waiters)) {
 		fmt.Fprintf(&b, " w[%s]{q%d}", k, r.Waiters[k].Q)

@@ -1,8 +1,11 @@
 package dlock
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -132,13 +135,78 @@ func (t *telemetry) lockSpan(ctx context.Context, name, key, owner string) (cont
 	return ctx, span
 }
 
-// heldBy notes on the Lock span in ctx who held the key when an attempt
-// found it taken: the waiter's question in a trace is "waiting for whom?".
-func (t *telemetry) heldBy(ctx context.Context, r record) {
-	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		span.AddEvent("dlock.held", trace.WithAttributes(
-			attrHolderOwner.String(r.Owner), attrHolderToken.Int64(int64(r.Token))))
+// A holdTrace is the trace context stored with a hold, so that a waiter's
+// Lock span, in another process, can link to the trace in which the hold
+// began: the W3C trace id and span id of the Lock span that made the hold
+// (or of the caller's span, when the Lock span is not recorded) and the
+// trace flags. The zero holdTrace is none. It is data: written with the
+// hold, dropped with it, and named by no write's filter, so it never
+// decides exclusion, order or tokens.
+type holdTrace struct {
+	traceID trace.TraceID
+	spanID  trace.SpanID
+	flags   trace.TraceFlags
+}
+
+// traceOf is the trace context to store with a hold made under the Lock
+// span span, started in parent: the span's own when it is recorded, or
+// else the caller's span's, if parent has a valid one; none otherwise.
+func traceOf(span trace.Span, parent context.Context) holdTrace {
+	sc := span.SpanContext()
+	if !span.IsRecording() {
+		sc = trace.SpanContextFromContext(parent)
 	}
+	if !sc.IsValid() {
+		return holdTrace{}
+	}
+	return holdTrace{traceID: sc.TraceID(), spanID: sc.SpanID(), flags: sc.TraceFlags()}
+}
+
+// valid reports whether t is a trace context rather than none.
+func (t holdTrace) valid() bool { return t.traceID.IsValid() && t.spanID.IsValid() }
+
+// spanContext is t as the remote span context a link points to.
+func (t holdTrace) spanContext() trace.SpanContext {
+	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: t.traceID, SpanID: t.spanID, TraceFlags: t.flags, Remote: true})
+}
+
+// heldBy notes on the Lock span in ctx, a wait for key, who held the key
+// when the wait found it taken, as r shows it: the waiter's question in a
+// trace is "waiting for whom, doing what?". Each holder not noted before
+// (the exclusive holder, unless last, the record last noted, showed the
+// same owner and token; or each shared hold that last did not show) gets
+// a dlock.held event and, when its hold stored a trace context, a link to
+// the span of the Lock that made the hold, in whatever process: up to
+// room of them, shared holds in the order of their tokens. It returns how
+// many it noted, and sets last to r when that is any.
+func (t *telemetry) heldBy(ctx context.Context, key string, r record, last *record, room int) int {
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() || room <= 0 {
+		return 0
+	}
+	n := 0
+	note := func(owner string, token Token, tr holdTrace) {
+		who := []attribute.KeyValue{attrHolderOwner.String(owner), attrHolderToken.Int64(int64(token))}
+		span.AddEvent("dlock.held", trace.WithAttributes(who...))
+		if tr.valid() {
+			span.AddLink(trace.Link{SpanContext: tr.spanContext(), Attributes: append(who, attrKey.String(key))})
+		}
+		n++
+	}
+	if r.Owner != "" && (r.Owner != last.Owner || r.Token != last.Token) {
+		note(r.Owner, r.Token, r.Trace)
+	}
+	byToken := func(a, b string) int { return cmp.Compare(r.Shared[a].Token, r.Shared[b].Token) }
+	for _, hk := range slices.SortedFunc(maps.Keys(r.Shared), byToken) {
+		if _, seen := last.Shared[hk]; !seen && n < room {
+			e := r.Shared[hk]
+			note(e.Owner, e.Token, e.Trace)
+		}
+	}
+	if n > 0 {
+		*last = r
+	}
+	return n
 }
 
 // endLock records the end of a Lock or TryLock call.

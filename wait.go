@@ -111,7 +111,7 @@ type exclusiveWait struct {
 	unsure    bool   // an attempt may have applied without our seeing the reply
 	afterRead bool   // this attempt follows a read (or a registration) at once: if it fails too, the read lagged
 	waitLog          // what the wait saw, for its error (acquire.go)
-	holder    record // the last holder reported to the trace
+	holder    record // the last record whose holders were reported to the trace
 	events    int    // holders reported
 	tracing   bool   // the Lock span is recorded
 	queues    bool   // the wait registers in the key's queue
@@ -399,10 +399,8 @@ func (x *exclusiveWait) read() (step, error) {
 	}
 	// Name the holder whatever the read leads to (a reap, an attempt at
 	// once): the next read may come after the key changed hands.
-	if x.events < maxHeldEvents && x.tracing && r.Owner != "" && (r.Owner != x.holder.Owner || r.Token != x.holder.Token) {
-		c.tel.heldBy(x.ctx, r)
-		x.holder = r
-		x.events++
+	if x.tracing {
+		x.events += c.tel.heldBy(x.ctx, x.a.key, r, &x.holder, maxHeldEvents-x.events)
 	}
 	if stale := x.ew.due(c.clock.Now()); len(stale) > 0 {
 		// Waiters ahead, or readers, that stopped extending: clear them, then go on.

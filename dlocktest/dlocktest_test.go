@@ -13,6 +13,8 @@ import (
 	"github.com/dlock-go/dlock/dlocktest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
 // newClient returns a Client on s, closed when the test ends; inside a
@@ -323,4 +325,43 @@ func TestServersIndependent(t *testing.T) {
 	require.NoError(t, m2.TryLock(ctx))
 	assert.EqualValues(t, 2, m2.Lease().Token())
 	s1.Heal(c1)
+}
+
+// The Server keeps a hold's trace context as a MongoDB server does: two
+// Clients, each with its own tracer provider (two processes), and the
+// waiter's Lock span links to the span in which the holder took the key,
+// which Holders names too.
+func TestTraceLinks(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := dlocktest.NewServer()
+		hspans, wspans := tracetest.NewInMemoryExporter(), tracetest.NewInMemoryExporter()
+		holder := newClient(t, s, dlock.WithTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSyncer(hspans))))
+		waiter := newClient(t, s, dlock.WithTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSyncer(wspans))))
+
+		hm := holder.NewMutex("k")
+		require.NoError(t, hm.Lock(ctx))
+		require.Len(t, hspans.GetSpans(), 1)
+		took := hspans.GetSpans()[0].SpanContext
+		hs, err := holder.Holders(ctx, "k")
+		require.NoError(t, err)
+		require.Len(t, hs, 1)
+		assert.Equal(t, took.TraceID(), hs[0].TraceID)
+		assert.Equal(t, took.SpanID(), hs[0].SpanID)
+
+		done := make(chan error)
+		wm := waiter.NewMutex("k")
+		go func() { done <- wm.Lock(ctx) }()
+		synctest.Wait() // the waiter saw the holder, and sleeps until its next poll
+		require.NoError(t, hm.Unlock(ctx))
+		require.NoError(t, <-done)
+		require.NoError(t, wm.Unlock(ctx))
+
+		spans := wspans.GetSpans()
+		require.Len(t, spans, 2) // Lock, Release
+		require.Equal(t, "dlock.Lock", spans[0].Name)
+		require.Len(t, spans[0].Links, 1)
+		assert.Equal(t, took.TraceID(), spans[0].Links[0].SpanContext.TraceID())
+		assert.Equal(t, took.SpanID(), spans[0].Links[0].SpanContext.SpanID())
+	})
 }

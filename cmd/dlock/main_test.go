@@ -24,6 +24,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
 // These tests run the dlock binary, built once in TestMain, as a user
@@ -630,6 +632,28 @@ func TestStatus(t *testing.T) {
 	status, _, stderr = dlockRun(t, nil, statusArgs(coll, "a", "b")...)
 	assert.Equal(t, exitUsage, status)
 	requireOneLine(t, stderr, "dlock status: want one KEY")
+}
+
+// A hold taken under a traced context: status names the trace, text and
+// JSON, so that an operator can find what the holder is doing.
+func TestStatusTrace(t *testing.T) {
+	coll := collection(t)
+	spans := tracetest.NewSpanRecorder()
+	c, err := dlock.NewClient(mc.Database(testDB).Collection(coll),
+		dlock.WithTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close(context.Background()) })
+	require.NoError(t, c.NewMutex("k").Lock(context.Background()))
+	require.Len(t, spans.Ended(), 1)
+	lock := spans.Ended()[0].SpanContext()
+
+	status, stdout, stderr := dlockRun(t, nil, statusArgs(coll, "k")...)
+	require.Equal(t, 0, status, "stderr: %q", stderr)
+	assert.Equal(t, []string{fmt.Sprintf("token 1 exclusive owner %s trace %s", c.Owner(), lock.TraceID())}, stdout)
+	status, stdout, _ = dlockRun(t, nil, statusArgs(coll, "-json", "k")...)
+	require.Equal(t, 0, status)
+	assert.JSONEq(t, fmt.Sprintf(`{"key": "k", "free": false, "holders": [{"owner": %q, "token": 1, "shared": false, "trace_id": %q, "span_id": %q}]}`,
+		c.Owner(), lock.TraceID(), lock.SpanID()), strings.Join(stdout, "\n"))
 }
 
 // Two dlock elect processes on one name: the second runs its COMMAND
