@@ -45,7 +45,8 @@ import (
 // whose header is logged before the first row of its kind; and it logs what
 // its commands were. The environment variable DLOCK_SCALE_TIME (a positive
 // number, default 1) multiplies every row's simulated duration: 0.1 makes a
-// smoke run.
+// smoke run. DLOCK_SCALE_WITHOUT names a pacing rule to switch off (keep,
+// requeue, turn-plan, head-plan or period), to price it at scale.
 //
 // It also logs the bytes one registration adds to a key's document in
 // MongoDB's encoding (scaleRegistrationBytes).
@@ -351,10 +352,18 @@ func (l *scaleLink) serverTime(ctx context.Context) (time.Time, bool, error) {
 // scaleLink of its own to st, counted in counts; t's cleanup closes them.
 // Call it inside a bubble.
 func scaleClients(t *testing.T, st *memStore, n int, counts *scaleCounts) ([]*Client, []*scaleLink) {
+	var opts []Option
+	if off := os.Getenv("DLOCK_SCALE_WITHOUT"); off != "" {
+		r, ok := map[string]rule{"keep": ruleKeep, "requeue": ruleRequeue, "turn-plan": ruleTurnPlan, "head-plan": ruleHeadPlan, "period": rulePeriod}[off]
+		if !ok {
+			t.Fatalf("DLOCK_SCALE_WITHOUT=%q: no such rule", off)
+		}
+		opts = append(opts, withPacer(withoutRule{r}))
+	}
 	clients, links := make([]*Client, n), make([]*scaleLink, n)
 	for i := range clients {
 		links[i] = &scaleLink{st: st, rtt: scaleRTT, n: counts}
-		c, err := newClientOn(func(*telemetry) store { return links[i] })
+		c, err := newClientOn(func(*telemetry) store { return links[i] }, opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
