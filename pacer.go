@@ -9,7 +9,7 @@ import (
 // and whether that is an acquire attempt or a read. Its contract: whatever
 // it answers, the server's filters keep exclusion, the queue's order and
 // the tokens (docs/design.md), so its mistakes cost commands and latency,
-// never safety; and waitPoll caps every sleep at maxSleep and wakes a
+// never safety; and waitPoll caps every sleep (schedule.limit) and wakes a
 // wait when a watch says that a holder, or a waiter ahead, may be
 // cleared, and every round that did not read reads when a watch is due
 // (Client.acquire), so the liveness bounds of docs/fairness.md hold
@@ -341,11 +341,11 @@ func (s *schedule) next(now time.Time, registered, head bool) time.Duration {
 		// half as long as it stood still, at the head and next a
 		// sixteenth, so that they see the hold end within about a
 		// sixteenth of how long it lasted.
-		share := time.Duration(16)
+		part := time.Duration(16)
 		if !head && s.ahead >= 2 {
-			share = 2
+			part = 2
 		}
-		d = max(d, s.p.still(now)/share)
+		d = max(d, s.p.still(now)/part)
 	case !head:
 		// No period known (the counter seen once, or still for a TTL):
 		// behind a waiter that may be slow to come, read no more often
@@ -551,10 +551,11 @@ func (p *pacing) unlockedAt(now time.Time) {
 const turnRetries = 8
 
 // maxSleep is the longest a wait sleeps at once, whatever its pacing
-// planned: the longest sleep of the ordinary schedule, the maximum
-// backoff jittered up by half (backoff.go), so that every liveness bound
-// that allows a poll interval (a crashed holder, a crashed, cut-off or
-// cancelled waiter ahead) holds for a planned wait too.
+// planned, while the key changes hands (schedule.limit): the longest sleep
+// of the ordinary schedule, the maximum backoff jittered up by half
+// (backoff.go), so that every liveness bound that allows a poll interval
+// (a crashed holder, a crashed, cut-off or cancelled waiter ahead) holds
+// for a planned wait too.
 func maxSleep(cfg *config) time.Duration { return cfg.maxBackoff + cfg.maxBackoff/2 }
 
 // A turnPlan is one planned wait's schedule: a requeued wait's
