@@ -100,10 +100,7 @@ func fairVariants() []struct {
 		{"backoff", []Option{withPacer(backoffPacer{})}},
 		{"after", nil},
 	}
-	for _, r := range []struct {
-		name string
-		r    rule
-	}{{"keep", ruleKeep}, {"requeue", ruleRequeue}, {"turn-plan", ruleTurnPlan}, {"head-plan", ruleHeadPlan}, {"period", rulePeriod}} {
+	for _, r := range namedRules {
 		vs = append(vs, struct {
 			name string
 			opts []Option

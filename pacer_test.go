@@ -89,3 +89,12 @@ func pacers() []struct {
 		{"plans a day late", stalePlans{24 * time.Hour, time.Hour}},
 	}
 }
+
+// A namedRule is a pacing rule as the benchmarks name it, to switch it off.
+type namedRule struct {
+	name string
+	r    rule
+}
+
+// namedRules are the rules the benchmarks price by switching each off.
+var namedRules = []namedRule{{"keep", ruleKeep}, {"requeue", ruleRequeue}, {"turn-plan", ruleTurnPlan}, {"head-plan", ruleHeadPlan}, {"period", rulePeriod}}

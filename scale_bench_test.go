@@ -354,11 +354,11 @@ func (l *scaleLink) serverTime(ctx context.Context) (time.Time, bool, error) {
 func scaleClients(t *testing.T, st *memStore, n int, counts *scaleCounts) ([]*Client, []*scaleLink) {
 	var opts []Option
 	if off := os.Getenv("DLOCK_SCALE_WITHOUT"); off != "" {
-		r, ok := map[string]rule{"keep": ruleKeep, "requeue": ruleRequeue, "turn-plan": ruleTurnPlan, "head-plan": ruleHeadPlan, "period": rulePeriod}[off]
-		if !ok {
+		i := slices.IndexFunc(namedRules, func(r namedRule) bool { return r.name == off })
+		if i < 0 {
 			t.Fatalf("DLOCK_SCALE_WITHOUT=%q: no such rule", off)
 		}
-		opts = append(opts, withPacer(withoutRule{r}))
+		opts = append(opts, withPacer(withoutRule{namedRules[i].r}))
 	}
 	clients, links := make([]*Client, n), make([]*scaleLink, n)
 	for i := range clients {
