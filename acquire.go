@@ -379,6 +379,10 @@ func (x *sharedWait) attemptOnce(afterRead bool) (done, read bool, err error) {
 		if errors.Is(err, ErrClosed) {
 			return true, false, ErrClosed
 		}
+		if errors.Is(err, errLateReply) {
+			x.forget() // counted once, here: a read must not find it and count it again
+			return false, false, err
+		}
 	}
 	switch {
 	case errors.Is(err, errHeld) && !afterRead:
@@ -389,6 +393,14 @@ func (x *sharedWait) attemptOnce(afterRead bool) (done, read bool, err error) {
 		x.unsure, x.firstSent = true, sent
 	}
 	return false, false, err
+}
+
+// forget gives back, in the background, the hold that this call's attempts
+// made and cannot use, and goes on with a new hold id.
+func (x *sharedWait) forget() {
+	c, old := x.c, x.a
+	c.tidy(old.ttl, func(ctx context.Context) { c.store.abandon(ctx, old) })
+	x.a.hold, x.unsure = c.holdIDs.Add(1), false
 }
 
 // read reads the record: it takes a hold that an earlier attempt of this
@@ -414,11 +426,7 @@ func (x *sharedWait) read() (step, error) {
 		case errors.Is(err, ErrClosed):
 			return stepDone, ErrClosed
 		}
-		// Too late to rely on, or its floor read failed: give it back,
-		// and go on with a new hold id.
-		old := *a
-		c.tidy(a.ttl, func(ctx context.Context) { c.store.abandon(ctx, old) })
-		a.hold, x.unsure = c.holdIDs.Add(1), false
+		x.forget() // too late to rely on, or its floor read failed
 		return stepOn, err
 	}
 	a.token = r.Token

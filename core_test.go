@@ -846,3 +846,41 @@ func TestLockTTLShorterThanRoundTrip(t *testing.T) {
 		})
 	}
 }
+
+// Two slow replies in a row are two, not three: a wait that gets two
+// late acquires (a pause, a failover) and then a timely one takes the key.
+// A shared wait once counted its first late reply again, when its next
+// read found that same hold and rebuilt it from the first send, and so
+// ended with ErrTTLTooShort after two.
+func TestTwoSlowRepliesDoNotEndAWait(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lock func(ctx context.Context, c *Client) error
+	}{
+		{"Mutex.Lock", func(ctx context.Context, c *Client) error { return c.NewMutex("k").Lock(ctx) }},
+		{"RWMutex.RLock", func(ctx context.Context, c *Client) error { return c.NewRWMutex("k").RLock(ctx) }},
+		{"Semaphore.Acquire", func(ctx context.Context, c *Client) error {
+			_, err := c.NewSemaphore("k", 2).Acquire(ctx)
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := newMemStore()
+				ttl := time.Second
+				c, h := memClient(t, st, WithTTL(ttl))
+				var late atomic.Int32
+				h.on("acquire", func(ctx context.Context, call func() error) error {
+					if late.Add(1) > 2 {
+						return call()
+					}
+					return lateReply(5*ttl/2)(ctx, call)
+				})
+				ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+				defer cancel()
+				require.NoError(t, tc.lock(ctx, c), "after two late replies")
+				assert.EqualValues(t, 3, late.Load(), "acquires sent")
+			})
+		})
+	}
+}
