@@ -243,8 +243,9 @@ func containsNUL(s string) bool {
 // over) to finish, so that what they hold is freed too; and last for
 // background clean-up writes. When ctx ends first, Close stops waiting,
 // cancels the clean-ups, and the keys they were to free are free again a
-// TTL later. The one write that frees the keys of the leases is sent even
-// when ctx has ended already, as [Mutex.Unlock]'s release is, bounded by a
+// TTL later. The one write that frees the keys of the leases, and of what
+// the last Unlocks left for a next Lock (a kept hold, a requeued
+// registration), is sent even when ctx has ended already, as [Mutex.Unlock]'s release is, bounded by a
 // second of its own; Close returns an error matching ctx's error only when
 // that write could not complete. Closing twice returns [ErrClosed].
 func (c *Client) Close(ctx context.Context) error {
@@ -254,6 +255,8 @@ func (c *Client) Close(ctx context.Context) error {
 		return ErrClosed
 	}
 	close(c.closing)
+	leftovers := c.leftovers // Close frees them below, not their disposers (leaveFor)
+	c.leftovers = map[string]*leftover{}
 	calls := c.calls.close()
 	for _, o := range c.observations {
 		o.cancel() // its observers see closing
@@ -266,7 +269,15 @@ func (c *Client) Close(ctx context.Context) error {
 	}
 
 	leases := c.ext.shutdown()
-	refs := make([]leaseRef, 0, len(leases))
+	refs := make([]leaseRef, 0, len(leases)+len(leftovers))
+	for _, lo := range leftovers {
+		// A kept hold's lease ended with its Unlock (its release is
+		// conditional on the hold all the same); a registration's is
+		// ended here, so it is not named twice.
+		if lo.lease.end(ErrReleased, "") || lo.kept() {
+			refs = append(refs, lo.lease.ref())
+		}
+	}
 	for _, l := range leases {
 		if l.end(ErrReleased, "") {
 			refs = append(refs, l.ref())

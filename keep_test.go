@@ -285,3 +285,50 @@ func TestKeepRoundTripWithoutRaise(t *testing.T) {
 		require.NoError(t, m.Unlock(context.Background()))
 	})
 }
+
+// TestCloseWithEndedContextFreesLeftovers: the usual shutdown under
+// contention (Unlock, then Close with a context that ended, as after a
+// signal) frees what the last Unlock left for a next Lock that will not
+// come: the hold it kept, or the registration it requeued. Close sends
+// them in its one detached release; the background clean-up that would
+// free them otherwise is cancelled at once, and another Client would wait
+// a TTL.
+func TestCloseWithEndedContextFreesLeftovers(t *testing.T) {
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	t.Run("a kept hold", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			st := newMemStore()
+			a, ha := memClient(t, st)
+			b, _ := memClient(t, st)
+			keptBy(t, a.NewMutex("k"), b.NewMutex("k"), nil)
+			require.Equal(t, a.owner, holder(st, "k").Owner, "kept")
+			ha.on("release", asDriver)
+			a.Close(ended)
+			assert.Equal(t, "", holder(st, "k").Owner, "Close left the kept hold")
+		})
+	})
+	t.Run("a requeued registration", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			st := newMemStore()
+			sc := requeueScene(t, st)
+			time.Sleep(10 * time.Millisecond) // work: a hold too long to keep
+			require.NoError(t, sc.ma.Unlock(context.Background()))
+			require.NoError(t, <-sc.bErr)
+			require.Equal(t, []string{sc.a.owner}, waiters(st, "k"), "a requeued")
+			sc.ha.on("release", asDriver)
+			sc.a.Close(ended)
+			assert.Empty(t, waiters(st, "k"), "Close left the requeued registration")
+			require.NoError(t, sc.mb.Unlock(context.Background()))
+		})
+	})
+}
+
+// asDriver fails a command whose ctx has ended, as the driver does,
+// and applies it otherwise.
+func asDriver(ctx context.Context, call func() error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return call()
+}
