@@ -359,26 +359,21 @@ func (s *schedule) next(now time.Time, registered, head bool) time.Duration {
 }
 
 // limit is the longest the wait sleeps at once at now, registered or
-// not, with ahead waiters before it, whatever its pacing planned
-// (waitPoll): maxSleep, so that the head sees the key freed, and the
-// next waiter that it is the head, within a poll interval; but, once
-// the key's counter has stood still for a TTL, a TTL for a waiter two or
-// more places back, which needs only to learn that the queue moved, for
-// the key cannot come to it before the waiter ahead of it has had it,
-// and a quarter TTL for the head and the next waiter. So a queue that
-// waits through a long hold costs each of its deeper waiters about a
-// read a TTL, and the head and the next about four, not one every poll
-// interval; when the hold ends, the head sees it within a sixteenth of
-// the hold and a quarter TTL, and the key waits at most once, at most a
-// TTL, for a deep waiter asleep (TestShortHoldsAfterLongHold). The
-// liveness bounds do not rest on it: the watches of the holder and of
-// the waiters ahead wake a wait when one may be cleared.
-func (s *schedule) limit(now time.Time, registered bool, ahead int) time.Duration {
-	switch {
-	case !(registered || s.share) || s.p.still(now) < s.cfg.ttl:
+// not, whatever its pacing planned (waitPoll): maxSleep, so that the head
+// sees the key freed, and the next waiter that it is the head, within a
+// poll interval; but, once the key's counter has stood still for a TTL, a
+// quarter TTL. So a queue that waits through a long hold costs each
+// waiter about four reads a TTL, not one every poll interval, and when
+// the hold ends the head sees it within a sixteenth of the hold and a
+// quarter TTL. Every registered wait has the same limit, however far back
+// it is: the waiters ahead may give up while it sleeps, and a sleep must
+// not outlive the view it was decided on, for then it is the head, and
+// the key waits for it (TestHeadAfterWaitersAheadLeft). The liveness
+// bounds do not rest on it: the watches of the holder and of the waiters
+// ahead wake a wait when one may be cleared.
+func (s *schedule) limit(now time.Time, registered bool) time.Duration {
+	if !(registered || s.share) || s.p.still(now) < s.cfg.ttl {
 		return maxSleep(s.cfg)
-	case registered && ahead >= 2:
-		return max(s.cfg.ttl, maxSleep(s.cfg))
 	}
 	return max(s.cfg.ttl/4, maxSleep(s.cfg))
 }

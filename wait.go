@@ -462,7 +462,7 @@ func (x *exclusiveWait) pause() error {
 	}
 	now := x.c.clock.Now()
 	d := x.sched.next(now, x.q.registered(), x.q.head())
-	if err := x.c.waitPoll(x.ctx, d, x.sched.limit(now, x.q.registered(), len(x.q.ahead)), due, &x.ew); err != nil {
+	if err := x.c.waitPoll(x.ctx, d, x.sched.limit(now, x.q.registered()), due, &x.ew); err != nil {
 		return err
 	}
 	x.joined = false
