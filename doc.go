@@ -71,7 +71,8 @@
 // waiter with k waiters ahead gets the key after at most 2(k+1) holds, each
 // followed by a poll interval (after a hold during which the key stood
 // still for a TTL, a sixteenth of that hold, at most a quarter TTL), and a
-// waiter ahead that crashed delays it by at most its TTL. Semaphore waiters and TryLock do not queue.
+// waiter ahead that crashed is cleared within 1¼ TTLs and a poll of its last
+// extension. Semaphore waiters and TryLock do not queue.
 //
 // The README is a guide; [docs/design.md] has the lock document, its rules and
 // the safety argument in full, [docs/fairness.md] the queue.
