@@ -30,6 +30,8 @@
 //	              as dlock status shows it: host/pid, "#" and 128
 //	              random bits in hex
 //
+// and TRACEPARENT and TRACESTATE, as run got them (see Traces below).
+//
 // While COMMAND runs, the lock's lease is extended in the background (every
 // third of -ttl). COMMAND's standard input, output and error are run's.
 // When COMMAND exits, run releases the lock and exits with COMMAND's status.
@@ -111,8 +113,9 @@
 // read of its document shows it; it takes nothing and changes nothing. It
 // prints one line per hold, in token order: the fencing token, exclusive
 // or shared (a read hold or a semaphore permit), the owner (host/pid#random
-// for a dlock process), and the hold's data when it has some (an election's
-// value), quoted:
+// for a dlock process), the hold's data when it has some (an election's
+// value), quoted, and the trace id of the call that took it when it ran in
+// a trace (see Traces):
 //
 //	token 7 exclusive owner web3/4242#9f86d081884c7d65a2b0e1f7c4d3a9b8 data "web3:8080"
 //
@@ -126,7 +129,8 @@
 //	 "token": 7, "shared": false, "data": "web3:8080"}]}
 //
 // where data is omitted when the hold has none, and is data_base64 instead
-// when it is not UTF-8. A hold whose owner crashed is shown until another
+// when it is not UTF-8; trace_id and span_id, in hex, are there when the
+// hold stored a trace context. A hold whose owner crashed is shown until another
 // process takes the key over. Status exits with 0 whether KEY is held or
 // free, 64 on bad usage and 69 when the server cannot be reached. Flags:
 // -uri, -db, -collection, -connect-timeout as for run, and -json.
@@ -166,6 +170,23 @@
 //
 // Others can take KEY a TTL after run's last extension, while such a
 // process still runs: fence what it writes with DLOCK_TOKEN.
+//
+// # Traces
+//
+// Run and elect read TRACEPARENT, and TRACESTATE with it, from their
+// environment: the W3C trace context that CI systems and otel-cli set for
+// the steps of a traced job. The wait for KEY is then part of the job's
+// trace: the hold stores the trace context, so that dlock status shows its
+// trace id and the Lock span of a traced program waiting for KEY links to
+// the job. COMMAND gets the same TRACEPARENT and TRACESTATE (as W3C version
+// 00; a TRACESTATE that does not parse is dropped), so that its steps stay
+// in the job's trace, beside the wait: run records no span of its own to
+// put between them. Run sets up no tracer, and exports nothing.
+//
+// A TRACEPARENT that is not a valid W3C traceparent (00-TRACEID-SPANID-FLAGS
+// in lower-case hex, with ids not all zero) is ignored with a warning on
+// standard error, and left in COMMAND's environment as it was: it never
+// fails the run.
 //
 // # Exit status
 //

@@ -21,7 +21,8 @@ SIGTERM to COMMAND's process group, SIGKILL after -grace, and exits with
 status 124. Signals sent to elect are handled as by run: SIGHUP, SIGINT,
 SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 are passed on to COMMAND's process
 group, the first four also end the campaign, and on Linux and FreeBSD
-COMMAND gets SIGKILL if elect is killed.
+COMMAND gets SIGKILL if elect is killed. TRACEPARENT is read, and passed
+on to COMMAND, as by run.
 
 Exit status: COMMAND's (128+N if a signal N killed it); 64 bad usage (or
 NAME used by a lock); 69 could not reach the server; 75 -timeout passed

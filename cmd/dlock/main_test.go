@@ -5,6 +5,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -139,13 +140,15 @@ type process struct {
 }
 
 // start starts dlock with args and env added to the test's environment
-// (without MONGODB_URI: each test passes -uri). It is killed if still
-// running when the test ends.
+// (without MONGODB_URI: each test passes -uri; nor TRACEPARENT and
+// TRACESTATE, which a traced CI job may have set: tests that want them
+// pass them). It is killed if still running when the test ends.
 func start(t *testing.T, env []string, args ...string) *process {
 	t.Helper()
 	cmd := exec.Command(binary, args...)
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "MONGODB_URI=") {
+		name, _, _ := strings.Cut(kv, "=")
+		if name != "MONGODB_URI" && name != "TRACEPARENT" && name != "TRACESTATE" {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
@@ -654,6 +657,82 @@ func TestStatusTrace(t *testing.T) {
 	require.Equal(t, 0, status)
 	assert.JSONEq(t, fmt.Sprintf(`{"key": "k", "free": false, "holders": [{"owner": %q, "token": 1, "shared": false, "trace_id": %q, "span_id": %q}]}`,
 		c.Owner(), lock.TraceID(), lock.SpanID()), strings.Join(stdout, "\n"))
+}
+
+// A run in a traced CI job (TRACEPARENT, and TRACESTATE, set by the CI
+// system or otel-cli): the hold stores the job's trace context, which
+// dlock status shows, and COMMAND gets it in its environment, so that its
+// steps stay in the job's trace. A TRACEPARENT that is not valid costs a
+// warning and the trace, never the run, and COMMAND's environment is left
+// as it was.
+func TestRunTraceParent(t *testing.T) {
+	const (
+		traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+		spanID  = "00f067aa0ba902b7"
+		parent  = "00-" + traceID + "-" + spanID + "-01"
+	)
+	coll := collection(t)
+	for _, tc := range []struct {
+		name        string
+		parent      string // TRACEPARENT
+		state       string // TRACESTATE; "" for unset
+		wantTrace   bool   // the hold stores traceID and spanID, and no warning
+		childParent string // COMMAND's TRACEPARENT
+		childState  string // COMMAND's TRACESTATE
+	}{
+		{name: "sampled, with tracestate", parent: parent, state: "vendor=opaque", wantTrace: true,
+			childParent: parent, childState: "vendor=opaque"},
+		{name: "not sampled", parent: "00-" + traceID + "-" + spanID + "-00", wantTrace: true,
+			childParent: "00-" + traceID + "-" + spanID + "-00"},
+		{name: "a later version, read as version 00", parent: "01-" + traceID + "-" + spanID + "-01-later", wantTrace: true,
+			childParent: parent},
+		{name: "tracestate that does not parse", parent: parent, state: "=no-key", wantTrace: true,
+			childParent: parent},
+		{name: "not a traceparent", parent: "job-42", state: "vendor=opaque",
+			childParent: "job-42", childState: "vendor=opaque"},
+		{name: "upper-case hex", parent: strings.ToUpper(parent),
+			childParent: strings.ToUpper(parent)},
+		{name: "zero trace id", parent: "00-00000000000000000000000000000000-" + spanID + "-01",
+			childParent: "00-00000000000000000000000000000000-" + spanID + "-01"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := []string{"TRACEPARENT=" + tc.parent}
+			if tc.state != "" {
+				env = append(env, "TRACESTATE="+tc.state)
+			}
+			// COMMAND prints its trace context, then runs dlock status on
+			// the key it holds.
+			status, stdout, stderr := dlockRun(t, env, runArgs(coll, "k", "--", "sh", "-c", `echo "$TRACEPARENT|$TRACESTATE"; exec "$@"`,
+				"sh", binary, "status", "-uri", testURI, "-db", testDB, "-collection", coll, "-json", "k")...)
+			require.Equal(t, 0, status, "stderr: %q", stderr)
+			if tc.wantTrace {
+				assert.Empty(t, stderr)
+			} else {
+				requireOneLine(t, stderr, fmt.Sprintf("dlock run: ignoring TRACEPARENT %q: not a W3C traceparent", tc.parent))
+			}
+			require.NotEmpty(t, stdout)
+			assert.Equal(t, tc.childParent+"|"+tc.childState, stdout[0], "COMMAND's TRACEPARENT|TRACESTATE")
+			var report statusReport
+			require.NoError(t, json.Unmarshal([]byte(strings.Join(stdout[1:], "\n")), &report))
+			require.Len(t, report.Holders, 1)
+			h := report.Holders[0]
+			if tc.wantTrace {
+				assert.Equal(t, traceID, h.TraceID, "the hold's trace")
+				assert.Equal(t, spanID, h.SpanID, "the hold's parent span")
+			} else {
+				assert.Empty(t, h.TraceID+h.SpanID, "the hold's trace")
+			}
+		})
+	}
+
+	t.Run("elect", func(t *testing.T) {
+		status, stdout, stderr := dlockRun(t, []string{"TRACEPARENT=" + parent}, electArgs(coll, "leader", "db1:5432", "--", "sh", "-c",
+			`echo "$TRACEPARENT"; exec "$@"`, "sh", binary, "status", "-uri", testURI, "-db", testDB, "-collection", coll, "leader")...)
+		require.Equal(t, 0, status, "stderr: %q", stderr)
+		require.Len(t, stdout, 2)
+		assert.Equal(t, parent, stdout[0])
+		assert.Regexp(t, `^token 1 exclusive owner \S+ data "db1:5432" trace `+traceID+`$`, stdout[1])
+	})
 }
 
 // Two dlock elect processes on one name: the second runs its COMMAND

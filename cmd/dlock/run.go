@@ -17,6 +17,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.opentelemetry.io/otel/trace"
 )
 
 const runDescription = `
@@ -31,6 +32,12 @@ to COMMAND's process group, SIGKILL after -grace, and exits with status 124.
 SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 sent to run are passed
 on to COMMAND's process group; the first four also end a wait for KEY. On
 Linux and FreeBSD, COMMAND gets SIGKILL if run is killed.
+
+With TRACEPARENT (and TRACESTATE) in its environment, as CI systems and
+otel-cli set them for a traced job, run waits for KEY in that trace: the
+hold stores the trace context (dlock status shows its trace id), and
+COMMAND gets the same TRACEPARENT. One that is not a valid W3C traceparent
+is ignored, with a warning on stderr; it never fails the run.
 
 Exit status: COMMAND's (128+N if a signal N killed it); 64 bad usage (or KEY
 used by another kind of lock, or -ttl under the server's round trip); 69 could not reach the server; 75 KEY held
@@ -92,9 +99,10 @@ type runner struct {
 	elect bool   // campaign for key with value, rather than lock it
 	value string // elect: the leader's value
 
-	mc     *mongo.Client // set once connected
-	client *dlock.Client // set once connected
-	lease  *dlock.Lease  // set once held
+	parent trace.SpanContext // the job's trace context (TRACEPARENT), or none; set as run starts
+	mc     *mongo.Client     // set once connected
+	client *dlock.Client     // set once connected
+	lease  *dlock.Lease      // set once held
 }
 
 // errInterrupted is the cause of a wait ended by one of stopSignals.
@@ -106,10 +114,18 @@ func (r *runner) run() int {
 	defer signal.Stop(sigs)
 	defer r.close()
 
+	// The wait for the key runs under the job's trace context, if any:
+	// with no recording span, the hold stores it, and names the job's
+	// trace (Holders, dlock status).
+	ctx := context.Background()
+	if r.parent = traceParent(r.verb); r.parent.IsValid() {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, r.parent)
+	}
+
 	// Connect and take the lock in a goroutine, so that a signal can stop
 	// the wait; the goroutine ends when acquire returns, which the
 	// cancellation makes prompt.
-	ctx, cancel := context.WithCancelCause(context.Background())
+	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	acquired := make(chan int, 1)
 	go func() { acquired <- r.acquire(ctx) }()
@@ -228,7 +244,7 @@ func (r *runner) campaign(wait context.Context) error {
 func (r *runner) supervise(sigs <-chan os.Signal) int {
 	lease := r.lease
 	cmd := exec.Command(r.argv[0], r.argv[1:]...)
-	cmd.Env = append(os.Environ(),
+	cmd.Env = append(withTraceContext(os.Environ(), r.parent),
 		"DLOCK_KEY="+r.key,
 		"DLOCK_TOKEN="+strconv.FormatUint(uint64(lease.Token()), 10),
 		"DLOCK_OWNER="+r.client.Owner()) // as stored in the lock
