@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
@@ -26,6 +27,9 @@ import (
 // intended use is -benchtime 1x:
 //
 //	go test -run '^$' -bench Fairness -benchtime 1x -v
+//
+// The rows named .../random draw each hold at random (exponential, of the
+// mean the row names), which no pacing can foresee.
 //
 // The environment variable DLOCK_FAIR_SCALE (a positive number, default 1)
 // multiplies every row's duration, not its hold: 0.1 makes a smoke run.
@@ -67,6 +71,9 @@ func BenchmarkFairness(b *testing.B) {
 			{clients: 4, hold: 20 * time.Millisecond, dur: 16 * time.Second},
 			{clients: 16, hold: 20 * time.Millisecond, dur: 16 * time.Second},
 			{clients: 48, hold: 20 * time.Millisecond, dur: 16 * time.Second},
+			{clients: 4, hold: 20 * time.Millisecond, random: true, dur: 16 * time.Second},
+			{clients: 16, hold: 20 * time.Millisecond, random: true, dur: 16 * time.Second},
+			{clients: 48, hold: 20 * time.Millisecond, random: true, dur: 16 * time.Second},
 			{clients: 4, hold: 250 * time.Millisecond, dur: 16 * time.Second},
 			{clients: 16, hold: 250 * time.Millisecond, dur: 16 * time.Second},
 			{clients: 48, hold: 250 * time.Millisecond, dur: 16 * time.Second},
@@ -115,6 +122,7 @@ type fairRow struct {
 	clients int           // separate Clients contending for the key
 	hold    time.Duration // how long each acquisition holds the key
 	ttl     time.Duration // WithTTL, when not 0
+	random  bool          // each hold is drawn at random (holdTime), which no pacing can foresee
 	dur     time.Duration // the row's wall time, scaled by DLOCK_FAIR_SCALE
 }
 
@@ -124,12 +132,18 @@ func (r fairRow) name() string {
 	if r.ttl != 0 {
 		s += fmt.Sprintf("/ttl=%v", r.ttl)
 	}
+	if r.random {
+		s += "/random"
+	}
 	return s
 }
 
 // label returns the row's first cell in the markdown table.
 func (r fairRow) label() string {
 	s := fmt.Sprintf("%d, %v", r.clients, r.hold)
+	if r.random {
+		s += " random"
+	}
 	if r.ttl != 0 {
 		s += fmt.Sprintf(" (ttl %v)", r.ttl)
 	}
@@ -196,6 +210,7 @@ func runFairness(b *testing.B, r fairRow, variant string, opts ...Option) {
 	for i, c := range clients {
 		wg.Go(func() {
 			m := c.NewMutex("k")
+			rng := rand.New(rand.NewPCG(uint64(i), 1))
 			for ctx.Err() == nil {
 				called := time.Now()
 				if err := m.Lock(ctx); err != nil {
@@ -209,7 +224,7 @@ func runFairness(b *testing.B, r fairRow, variant string, opts ...Option) {
 				acqs = append(acqs, fairAcq{client: i, waited: waited, cmds: since(mark)})
 				mu.Unlock()
 				select {
-				case <-time.After(r.hold):
+				case <-time.After(holdTime(rng, r.hold, r.random)):
 				case <-ctx.Done(): // the row's time is up: end the hold now
 				}
 				if err := m.Unlock(context.WithoutCancel(ctx)); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"slices"
@@ -35,7 +36,10 @@ import (
 // with the default options, for a simulated duration long enough for a few
 // turns of every Client, but capped for 256 Clients and more (scaleMaxDur);
 // a row whose cap leaves room for fewer than scaleMinHolds holds (1024
-// Clients holding 5 s) is skipped, with the reason logged. The idle rows
+// Clients holding 5 s) is skipped, with the reason logged. The rows of
+// 20 ms and 250 ms holds run again with each hold drawn at random
+// (clients=C/hold=H/random: exponential, of mean H), which no pacing can
+// foresee. The idle rows
 // (idle/mutex/clients=C, idle/election/clients=C, idle/semaphore/clients=C)
 // run one Client that holds the key (a Semaphore's one permit) for the
 // whole row while the C−1 others wait in Mutex.Lock, Election.Campaign or
@@ -65,15 +69,20 @@ func BenchmarkScale(b *testing.B) {
 	b.Logf("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 	for _, c := range []int{4, 16, 64, 256, 1024} {
 		for _, hold := range []time.Duration{time.Millisecond, 20 * time.Millisecond, 250 * time.Millisecond, 5 * time.Second} {
-			r := scaleRow{clients: c, hold: hold}
-			r.dur, r.capped = r.duration(stretch)
-			b.Run(fmt.Sprintf("clients=%d/hold=%v", c, hold), func(b *testing.B) {
-				if r.dur < scaleMinHolds*hold {
-					b.Logf("| %d | %v | skipped: %s fits fewer than %d holds |%s", c, hold, scaleDur(r.dur), scaleMinHolds, strings.Repeat(" |", 8))
-					b.Skipf("%v of simulated time, the most for %d Clients, fits fewer than %d holds of %v; the idle rows measure waiting on a long hold", r.dur, c, scaleMinHolds, hold)
-				}
-				runScaleLoop(b, r)
-			})
+			rows := []scaleRow{{clients: c, hold: hold}}
+			if hold == 20*time.Millisecond || hold == 250*time.Millisecond {
+				rows = append(rows, scaleRow{clients: c, hold: hold, random: true})
+			}
+			for _, r := range rows {
+				r.dur, r.capped = r.duration(stretch)
+				b.Run(r.name(), func(b *testing.B) {
+					if r.dur < scaleMinHolds*hold {
+						b.Logf("| %d | %s | skipped: %s fits fewer than %d holds |%s", c, r.holdLabel(), scaleDur(r.dur), scaleMinHolds, strings.Repeat(" |", 8))
+						b.Skipf("%v of simulated time, the most for %d Clients, fits fewer than %d holds of %v; the idle rows measure waiting on a long hold", r.dur, c, scaleMinHolds, hold)
+					}
+					runScaleLoop(b, r)
+				})
+			}
 		}
 	}
 	b.Logf("| primitive | waiting | simulated | cmds/s/waiter, 2nd half | whole row | heap/waiter | stack/waiter |")
@@ -123,6 +132,33 @@ type scaleRow struct {
 	hold    time.Duration // a loop row's hold; 0 in an idle row
 	dur     time.Duration // simulated
 	capped  bool          // dur is scaleMaxDur, short of scaleTurns turns for every Client
+	random  bool          // each hold is drawn at random (exponential, of mean hold), which no pacing can foresee
+}
+
+// name returns the row's sub-benchmark name.
+func (r scaleRow) name() string {
+	s := fmt.Sprintf("clients=%d/hold=%v", r.clients, r.hold)
+	if r.random {
+		s += "/random"
+	}
+	return s
+}
+
+// holdLabel returns the row's hold for its line of the table.
+func (r scaleRow) holdLabel() string {
+	if r.random {
+		return fmt.Sprintf("%v random", r.hold)
+	}
+	return r.hold.String()
+}
+
+// holdTime returns how long one hold lasts: r.hold, or in a random row an
+// exponential draw of mean r.hold.
+func holdTime(rng *rand.Rand, mean time.Duration, random bool) time.Duration {
+	if !random {
+		return mean
+	}
+	return time.Duration(rng.ExpFloat64() * float64(mean))
 }
 
 // duration returns the simulated duration of a loop row, multiplied by
@@ -429,6 +465,7 @@ func runScaleLoop(b *testing.B, r scaleRow) {
 		for i, c := range clients {
 			wg.Go(func() {
 				m := c.NewMutex("k")
+				rng := rand.New(rand.NewPCG(uint64(i), 1))
 				for {
 					called := time.Now()
 					if err := m.Lock(ctx); err != nil {
@@ -442,7 +479,7 @@ func runScaleLoop(b *testing.B, r scaleRow) {
 					mu.Lock()
 					acqs = append(acqs, acq{client: i, waited: got.Sub(called)})
 					mu.Unlock()
-					time.Sleep(r.hold)
+					time.Sleep(holdTime(rng, r.hold, r.random))
 					if ctx.Err() == nil {
 						others := counts.all.Load() - all0 - (links[i].own.Load() - own0)
 						mu.Lock()
@@ -500,8 +537,8 @@ func runScaleLoop(b *testing.B, r scaleRow) {
 	if r.capped {
 		sim += " (capped)"
 	}
-	b.Logf("| %d | %v | %s | %.2f | %.2f | %.2f | %.2f | %.3f | %.2f | %.2f | %.2f–%.2f |",
-		r.clients, r.hold, sim, mean, m["cmds/acq"], m["cmds/acq-2nd-half"], waiterRate, turnRate,
+	b.Logf("| %d | %s | %s | %.2f | %.2f | %.2f | %.2f | %.3f | %.2f | %.2f | %.2f–%.2f |",
+		r.clients, r.holdLabel(), sim, mean, m["cmds/acq"], m["cmds/acq-2nd-half"], waiterRate, turnRate,
 		m["wait-p50-x"], m["wait-p99-x"], m["share-min-x"], m["share-max-x"])
 	b.Logf("%d acquisitions, %d commands to the cut; per acquisition: %s; FIFO limit %v; real time %v",
 		n, end.cmds, end.byKind(float64(n), ""), fifo, wall.Round(time.Millisecond))
