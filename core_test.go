@@ -848,10 +848,11 @@ func TestLockTTLShorterThanRoundTrip(t *testing.T) {
 }
 
 // Two slow replies in a row are two, not three: a wait that gets two
-// late acquires (a pause, a failover) and then a timely one takes the key.
-// A shared wait once counted its first late reply again, when its next
-// read found that same hold and rebuilt it from the first send, and so
-// ended with ErrTTLTooShort after two.
+// late acquires (a pause, a failover) and then a timely one takes the key,
+// on the embedded server and on the in-memory store. A shared wait once
+// counted its first late reply again, when its next read found that same
+// hold and rebuilt it from the first send, and so ended with
+// ErrTTLTooShort after two.
 func TestTwoSlowRepliesDoNotEndAWait(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -864,23 +865,25 @@ func TestTwoSlowRepliesDoNotEndAWait(t *testing.T) {
 			return err
 		}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				st := newMemStore()
-				ttl := time.Second
-				c, h := memClient(t, st, WithTTL(ttl))
-				var late atomic.Int32
-				h.on("acquire", func(ctx context.Context, call func() error) error {
-					if late.Add(1) > 2 {
-						return call()
-					}
-					return lateReply(5*ttl/2)(ctx, call)
-				})
-				ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-				defer cancel()
-				require.NoError(t, tc.lock(ctx, c), "after two late replies")
-				assert.EqualValues(t, 3, late.Load(), "acquires sent")
+		run := func(t *testing.T, st store, ttl time.Duration) {
+			c, h := memClient(t, st, WithTTL(ttl))
+			var sent atomic.Int32
+			h.on("acquire", func(ctx context.Context, call func() error) error {
+				if sent.Add(1) > 2 {
+					return call()
+				}
+				return lateReply(5*ttl/2)(ctx, call)
 			})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+			defer cancel()
+			require.NoError(t, tc.lock(ctx, c), "after two late replies")
+			assert.EqualValues(t, 3, sent.Load(), "acquires sent")
+		}
+		t.Run(tc.name+"/server", func(t *testing.T) {
+			run(t, newMongoStore(newColl(t), func(context.Context, int) {}), 400*time.Millisecond)
+		})
+		t.Run(tc.name+"/memory", func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { run(t, newMemStore(), time.Second) })
 		})
 	}
 }
