@@ -251,6 +251,58 @@ func BenchmarkNewKey(b *testing.B) {
 	}
 }
 
+// BenchmarkPrune: one Prune of idle keys (free, last written two hours
+// ago, pruned when idle for an hour), in a collection that also holds
+// keys in use: half held, half free but written a moment ago. Prune
+// deletes the idle ones and must pass over the rest, which its index
+// (pruneIndex) keeps it from reading where the server has it. The idle
+// keys' documents are inserted again, outside the timer, before each op.
+func BenchmarkPrune(b *testing.B) {
+	for _, tc := range []struct{ idle, busy int }{{100, 0}, {400, 0}, {100, 1000}} {
+		b.Run(fmt.Sprintf("idle=%d/busy=%d", tc.idle, tc.busy), func(b *testing.B) {
+			coll := newColl(b)
+			ctx := context.Background()
+			now := time.Now()
+			var busy, idle []any
+			for i := range tc.busy {
+				d := bson.D{{Key: "_id", Value: fmt.Sprint("busy", i)}, {Key: fOwner, Value: ""}, {Key: fToken, Value: int64(1)}, {Key: fRev, Value: int64(2)}, {Key: fAt, Value: now}}
+				if i%2 == 0 {
+					d[1].Value = "someone"
+					d = append(d, bson.E{Key: fHold, Value: int64(1)}, bson.E{Key: fTTL, Value: int64(time.Hour / time.Millisecond)})
+				}
+				busy = append(busy, d)
+			}
+			for i := range tc.idle {
+				idle = append(idle, bson.D{{Key: "_id", Value: fmt.Sprint("idle", i)}, {Key: fOwner, Value: ""}, {Key: fToken, Value: int64(1)}, {Key: fRev, Value: int64(2)}, {Key: fAt, Value: now.Add(-2 * time.Hour)}})
+			}
+			if len(busy) > 0 {
+				if _, err := coll.InsertMany(ctx, busy); err != nil {
+					b.Fatal(err)
+				}
+			}
+			c := newClient(b, coll)
+			if _, err := c.Prune(ctx, time.Hour); err != nil { // the Client's first: its index, and the floor
+				b.Fatal(err)
+			}
+			var cmds int64
+			for b.Loop() {
+				b.StopTimer()
+				if _, err := coll.InsertMany(ctx, idle); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				mark := commands.total.Load()
+				n, err := c.Prune(ctx, time.Hour)
+				if err != nil || n != tc.idle {
+					b.Fatalf("pruned %d of %d: %v", n, tc.idle, err)
+				}
+				cmds += commands.since(mark)
+			}
+			b.ReportMetric(float64(cmds)/float64(b.N), "cmds/op")
+		})
+	}
+}
+
 // BenchmarkTelemetry: the telemetry calls that one Lock+Unlock makes, with
 // the default providers, alone: what a dlock without telemetry would save.
 // Compare with BenchmarkLockUnlock/key=one/server=ack, the Client's own

@@ -133,7 +133,8 @@ type waiter struct {
 }
 
 // NewClient returns a Client that keeps its locks in coll. It validates the
-// options, makes no round trip to the server and needs no index beyond _id.
+// options, makes no round trip to the server and needs no index beyond _id
+// ([Client.Prune] creates the one it uses).
 // Lock writes use majority write concern and reads majority read concern,
 // whatever coll was configured with; both work on a standalone server too.
 func NewClient(coll *mongo.Collection, opts ...Option) (*Client, error) {

@@ -34,7 +34,13 @@ const pruneBatch = 256
 //
 // Prune costs one command for the server's clock, then, for each batch of
 // up to 256 idle documents, a read, a raise of the floor and one write
-// command of conditional deletes. The first Lock of a pruned key costs
+// command of conditional deletes. A Client's first Prune also creates the
+// index its read uses, a partial index named dlock_prune on the free
+// documents' last write (one command; on a large collection it waits for
+// the build); where the server refuses it (FerretDB v1, a user without the
+// createIndex privilege), the Client does not ask again and Prune works
+// without it, its read a scan of the collection (docs/design.md, "Prune's
+// index"). The first Lock of a pruned key costs
 // two commands instead of one (the acquire that creates the document and a
 // read of the floor; the hold writes its token's base with its first
 // extension or its Unlock, which it sends anyway), as does the first Lock

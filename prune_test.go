@@ -13,6 +13,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.opentelemetry.io/otel/codes"
 )
 
 // Prune deletes free, idle keys, never a held one, and a pruned
@@ -459,4 +462,127 @@ func TestLateWriteFromEarlierLife(t *testing.T) {
 			})
 		})
 	}
+}
+
+// indexRequests returns the createIndexes commands sent for coll among the
+// test client's recent commands.
+func indexRequests(coll *mongo.Collection) []bson.Raw {
+	commands.mu.Lock()
+	defer commands.mu.Unlock()
+	var out []bson.Raw
+	for _, e := range commands.last {
+		if name, _ := e.Command.Lookup(e.CommandName).StringValueOK(); e.CommandName == "createIndexes" && name == coll.Name() {
+			out = append(out, e.Command)
+		}
+	}
+	return out
+}
+
+// indexes returns coll's indexes by name, as listIndexes gives them.
+func indexes(t *testing.T, coll *mongo.Collection) map[string]bson.Raw {
+	t.Helper()
+	cur, err := coll.Indexes().List(context.Background())
+	require.NoError(t, err)
+	var all []bson.Raw
+	require.NoError(t, cur.All(context.Background(), &all))
+	out := map[string]bson.Raw{}
+	for _, ix := range all {
+		out[ix.Lookup("name").StringValue()] = ix
+	}
+	return out
+}
+
+// partialIndexes reports whether the test server creates partial indexes
+// (MongoDB and FerretDB v2 do, FerretDB v1 does not), asking it on a
+// collection of its own.
+func partialIndexes(t *testing.T) bool {
+	t.Helper()
+	_, err := newColl(t).Indexes().CreateOne(context.Background(), mongo.IndexModel{
+		Keys: bson.D{{Key: "x", Value: 1}}, Options: options.Index().SetPartialFilterExpression(bson.D{{Key: "y", Value: ""}})})
+	return err == nil
+}
+
+// The first Prune of a Client asks the server for the index of Prune's
+// query, once: the free documents (owner "") by their last write. Where
+// the server has partial indexes (MongoDB, FerretDB v2), the collection
+// has it afterwards; FerretDB v1, the embedded test server, refuses it,
+// and Prune goes on without it.
+func TestPruneIndex(t *testing.T) {
+	ctx := context.Background()
+	coll := newColl(t)
+	c := newClient(t, coll)
+	m := c.NewMutex("k")
+	require.NoError(t, m.Lock(ctx))
+	require.NoError(t, m.Unlock(ctx))
+	require.Empty(t, indexRequests(coll), "NewClient, Lock and Unlock create no index")
+
+	n, err := c.Prune(ctx, 0)
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	reqs := indexRequests(coll)
+	require.Len(t, reqs, 1, "the first Prune asks for the index")
+	spec := reqs[0].Lookup("indexes").Array().Index(0).Document()
+	assert.Equal(t, pruneIndexName, spec.Lookup("name").StringValue())
+	assert.Equal(t, `{"at": {"$numberInt":"1"}}`, spec.Lookup("key").String())
+	assert.Equal(t, `{"owner": ""}`, spec.Lookup("partialFilterExpression").String())
+
+	require.NoError(t, m.Lock(ctx))
+	require.NoError(t, m.Unlock(ctx))
+	n, err = c.Prune(ctx, 0)
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	assert.Len(t, indexRequests(coll), 1, "a later Prune does not ask again")
+
+	ix, ok := indexes(t, coll)[pruneIndexName]
+	if !partialIndexes(t) {
+		assert.False(t, ok, "the server refuses partial indexes, yet has %s", ix)
+		t.Log("the server refuses partial indexes (FerretDB v1): Prune runs without its index")
+		return
+	}
+	require.True(t, ok, "no index %s", pruneIndexName)
+	assert.Equal(t, `{"at": {"$numberInt":"1"}}`, ix.Lookup("key").String())
+	assert.Equal(t, `{"owner": ""}`, ix.Lookup("partialFilterExpression").String())
+}
+
+// A server's refusal of Prune's index does not fail Prune: here another
+// index already has its name, which every server refuses to replace (and
+// FerretDB v1 refuses any partial index). Prune deletes what it would
+// with the index, records the refusal on its span, and the Client does
+// not ask again.
+func TestPruneIndexRefused(t *testing.T) {
+	ctx := context.Background()
+	coll := newColl(t)
+	_, err := coll.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: bson.D{{Key: fOwner, Value: 1}}, Options: options.Index().SetName(pruneIndexName)})
+	require.NoError(t, err)
+	asked := len(indexRequests(coll)) // the test's own
+	rig := newTelemetryRig()
+	c := newClient(t, coll, rig.opts...)
+	for _, key := range []string{"a", "b"} {
+		m := c.NewMutex(key)
+		require.NoError(t, m.Lock(ctx))
+		require.NoError(t, m.Unlock(ctx))
+	}
+
+	n, err := c.Prune(ctx, 0)
+	require.NoError(t, err, "the refusal is not Prune's failure")
+	assert.Equal(t, 2, n)
+	require.Len(t, indexRequests(coll), asked+1, "Prune asks for its index")
+	spans := rig.ended("dlock.Prune")
+	require.Len(t, spans, 1)
+	assert.Equal(t, codes.Unset, spans[0].Status().Code, "Prune succeeded")
+	var refusal []string
+	for _, e := range spans[0].Events() {
+		for _, kv := range e.Attributes {
+			if kv.Key == "exception.message" {
+				refusal = append(refusal, kv.Value.AsString())
+			}
+		}
+	}
+	require.Len(t, refusal, 1, "the refusal, on the span")
+	assert.Contains(t, refusal[0], "dlock: prune without the index "+pruneIndexName)
+
+	_, err = c.Prune(ctx, 0)
+	require.NoError(t, err)
+	assert.Len(t, indexRequests(coll), asked+1, "a refused index is not asked for again")
+	assert.Equal(t, `{"owner": {"$numberInt":"1"}}`, indexes(t, coll)[pruneIndexName].Lookup("key").String(), "the other index stays")
 }

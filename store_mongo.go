@@ -274,6 +274,8 @@ type mongoStore struct {
 
 	mu       sync.Mutex
 	maxBatch int // statements per write command: 0 for any, -1 until known
+
+	pruneIndexed atomic.Bool // pruneIndex created, or refused: not asked for again
 }
 
 // ferretBatch is the most update statements dlock puts in one command on
@@ -865,10 +867,57 @@ func (s *mongoStore) readFloor(ctx context.Context, id any) (f Token, ok bool, e
 	}
 }
 
+// pruneIndexName names the index of Prune's query (pruneIndex).
+const pruneIndexName = "dlock_prune"
+
+// pruneIndex is the index that answers Prune's query (idle) without a
+// scan of the collection: the free documents (owner "", its partial
+// filter) by their last write, at. That query's filter has owner "", so
+// it implies the partial filter, and a range on at, and it sorts by at:
+// MongoDB (4.4 and later) answers it with a scan of the index from its
+// start to the cutoff, fetching each document to check n, w and raw, and
+// no sort stage. Partial, because then only the writes that move a
+// document into or out of the free set (a release, an acquire) touch it,
+// not a held document's extensions, which set at too; and it holds only
+// the free documents.
+func pruneIndex() mongo.IndexModel {
+	return mongo.IndexModel{
+		Keys: bson.D{{Key: fAt, Value: 1}},
+		Options: options.Index().SetName(pruneIndexName).
+			SetPartialFilterExpression(bson.D{{Key: fOwner, Value: ""}}),
+	}
+}
+
+// ensurePruneIndex creates pruneIndex, with one command on the store's
+// first Prune (MongoDB answers at once when the index exists). A server's
+// refusal (FerretDB v1, which has no partial indexes; a user without the
+// createIndex privilege; another index of that name) is recorded on ctx's
+// span and not asked again: Prune works without the index, its query a
+// scan of the collection. An error that may go away (transient, or the
+// end of ctx) leaves the index to the next Prune.
+func (s *mongoStore) ensurePruneIndex(ctx context.Context) {
+	if s.pruneIndexed.Load() {
+		return
+	}
+	s.counted(ctx, 1)
+	_, err := s.coll.Indexes().CreateOne(ctx, pruneIndex())
+	if err != nil {
+		if transient(err) || ctx.Err() != nil {
+			return
+		}
+		trace.SpanFromContext(ctx).RecordError(failed(err, "dlock: prune without the index %s", pruneIndexName))
+	}
+	s.pruneIndexed.Store(true)
+}
+
+// idle reads prunable documents last written at cutoff or before, oldest
+// first: the order of pruneIndex, so that the server reads them from it.
 func (s *mongoStore) idle(ctx context.Context, cutoff time.Time, limit int) ([]idleRecord, error) {
+	s.ensurePruneIndex(ctx)
 	s.counted(ctx, 1)
 	cur, err := s.coll.Find(ctx, append(prunable(), bson.E{Key: fAt, Value: bson.D{{Key: "$lte", Value: cutoff}}}),
-		options.Find().SetProjection(bson.D{{Key: fToken, Value: 1}, {Key: fRev, Value: 1}}).SetLimit(int64(limit)))
+		options.Find().SetProjection(bson.D{{Key: fToken, Value: 1}, {Key: fRev, Value: 1}}).
+			SetSort(bson.D{{Key: fAt, Value: 1}}).SetLimit(int64(limit)))
 	if err != nil {
 		return nil, failed(err, "dlock: find idle keys")
 	}
