@@ -102,8 +102,8 @@ func clientOnly(name string, f func(*config)) Option {
 }
 
 // MaxTTL is the longest TTL that [WithTTL] accepts: a crashed holder's key
-// stays held for a TTL, and a day is as long as a key should wait for
-// nobody (Consul caps its session TTLs at a day too).
+// stays held for a TTL, and no key should stand held for nobody longer
+// than a day (Consul caps the TTLs of its locks at a day too).
 const MaxTTL = 24 * time.Hour
 
 // WithTTL sets the lease duration: a key whose holder stops extending it
