@@ -2,9 +2,9 @@
 // [RWMutex], a [Semaphore] and an [Election], each hold of which is a [Lease]
 // with a fencing [Token].
 //
-// A [Client] keeps one document per key in a collection. [Mutex.Lock] blocks
-// until the Client holds the key; the Lease is extended in the background,
-// its context is cancelled if it is lost, and its token orders the holds:
+// A [Client] keeps one document per key. [Mutex.Lock] blocks until the
+// Client holds the key; the Lease is extended in the background, its
+// context cancelled if it is lost, and its token orders the holds:
 //
 //	client, err := dlock.NewClient(db.Collection("locks"))
 //	if err != nil {
@@ -26,9 +26,9 @@
 // within [MaxClockDrift] of true time:
 //
 //   - Exclusion: at most one lease on a key is valid (its [Lease.Err] is nil)
-//     at a time, across all Clients sharing the collection; an exclusive lease
-//     of an [RWMutex] is never valid beside another; a Semaphore's valid
-//     leases number at most n.
+//     at a time, across all Clients sharing the collection; an [RWMutex]'s
+//     exclusive lease is never valid beside another, and at most n of a
+//     Semaphore's are.
 //   - A lease ends before anyone can take its place: a holder relies on it
 //     until its local deadline, ttl·(1-ρ)/(1+ρ) less a 1% guard (ρ =
 //     MaxClockDrift) after it sent its last successful write, and a waiter
@@ -40,9 +40,9 @@
 //     releases, expiries, takeovers, restarts and [Client.Prune].
 //   - No clock comparisons between machines: every deadline and takeover
 //     is counted on the client's own monotonic clock, so wall clocks may be
-//     set or stepped at any time. [WithServerClockTakeover] trades this for
-//     faster takeovers. (A waiter times its next poll by the difference of
-//     two of the server's stamps; a stepped server clock costs it a poll.)
+//     set or stepped at any time (a step of the server's, whose stamps pace
+//     polls, costs a poll). [WithServerClockTakeover] trades this for faster
+//     takeovers.
 //   - Liveness: a key whose holder crashed is free at most two TTLs after its
 //     last write, plus a poll interval (at most 1.5 maximum backoffs,
 //     [WithBackoff]); a crashed reader's or permit holder's hold likewise.
@@ -72,10 +72,9 @@
 // followed by a poll interval (after a hold during which the key stood
 // still for a TTL, a sixteenth of that hold, at most a quarter TTL), and a
 // waiter ahead that crashed is cleared within 1¼ TTLs and a poll of its last
-// extension. Semaphore waiters and TryLock do not queue.
-//
-// The README is a guide; [docs/design.md] has the lock document, its rules and
-// the safety argument in full, [docs/fairness.md] the queue.
+// extension. Semaphore waiters and TryLock do not queue. [docs/fairness.md]
+// has the queue in full, and [docs/design.md] the lock document, its rules
+// and the safety argument.
 //
 // [docs/design.md]: https://github.com/dlock-go/dlock/blob/main/docs/design.md
 // [docs/fairness.md]: https://github.com/dlock-go/dlock/blob/main/docs/fairness.md

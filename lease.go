@@ -40,22 +40,32 @@ type Lease struct {
 	holdEnd  time.Time     // with maxHold: acquired+maxHold, which the deadline never passes; else zero
 	stop     time.Time     // with maxHold: holdEnd-ttl, after which no extension is sent; else zero
 	lastDue  time.Time     // with maxHold: when the last extension is due, a timer's lateness before stop
-	done     chan struct{}
-	lost     chan struct{}
-	raw      atomic.Bool // the hold's base may be unwritten (leaseRef.raw); cleared by its first write that applied
+	raw      atomic.Bool   // the hold's base may be unwritten (leaseRef.raw); cleared by its first write that applied
 
 	mu       sync.Mutex
-	data     []byte    // the hold's data; replaced (never modified) by Election.Proclaim
-	deadline time.Time // on the Client's clock: held until then
-	next     time.Time // when the next extension is due
-	last     bool      // the extension due at next is the last (at lastDue); set once
-	capped   bool      // no extension is sent any more (past stop); set once
-	lastErr  error     // the last failed extension
-	err      error     // nil while held
-	returned bool      // Release was called
+	data     []byte        // the hold's data; replaced (never modified) by Election.Proclaim
+	deadline time.Time     // on the Client's clock: held until then
+	next     time.Time     // when the next extension is due
+	last     bool          // the extension due at next is the last (at lastDue); set once
+	capped   bool          // no extension is sent any more (past stop); set once
+	lastErr  error         // the last failed extension
+	err      error         // nil while held
+	returned bool          // Release was called
+	done     chan struct{} // made by the first Done (closedChan if the lease had ended); closed when the lease ends
+	lost     chan struct{} // made by the first Lost (closedChan if the lease was lost); closed when it is lost
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
 }
+
+// closedChan is the channel Done and Lost return when the lease had ended
+// before the first call. Like context's cancelCtx, a lease makes its
+// channels only when asked for them: most are never asked, and two
+// channels were a sixth of a held lease's heap.
+var closedChan = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
 
 // A locker is what a hold is for: a Mutex, an RWMutex, a Semaphore.
 type locker interface {
@@ -70,7 +80,6 @@ func (c *Client) newLease(lk locker, cfg *config, a attempt, t Token, ro role, s
 	l := &Lease{
 		c: c, lk: lk, key: a.key, token: t, count: t, hold: a.hold, role: ro, data: a.data, ttl: cfg.ttl, every: cfg.every(),
 		acquired: sent, deadline: sent.Add(holdFor(cfg.ttl)),
-		done: make(chan struct{}), lost: make(chan struct{}),
 	}
 	if d := cfg.maxHold; d > 0 && ro != roleWaiter { // a registration is not a hold
 		l.maxHold, l.holdEnd, l.stop = d, sent.Add(d), sent.Add(d-l.ttl)
@@ -142,13 +151,27 @@ func (l *Lease) Token() Token { return l.token }
 
 // Done returns a channel that is closed when the lease ends: released, lost,
 // or ended by [Client.Close].
-func (l *Lease) Done() <-chan struct{} { return l.done }
+func (l *Lease) Done() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.done == nil {
+		l.done = make(chan struct{})
+	}
+	return l.done
+}
 
 // Lost returns a channel that is closed when the lease is lost, never on a
 // clean release. It is closed at the lease's local deadline, before any
 // other client can acquire the key, unless the process was paused past it
 // (which is what fencing tokens are for).
-func (l *Lease) Lost() <-chan struct{} { return l.lost }
+func (l *Lease) Lost() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lost == nil {
+		l.lost = make(chan struct{})
+	}
+	return l.lost
+}
 
 // Err returns nil while the lease is held; after it ends, [ErrReleased] or
 // a [*LeaseLostError] (which matches [ErrLeaseLost]). Err reads the clock:
@@ -297,9 +320,9 @@ func (l *Lease) end(err error, lostCause string) bool {
 		return false
 	}
 	l.err = err
-	close(l.done)
+	closeOrMark(&l.done)
 	if lostCause != "" {
-		close(l.lost)
+		closeOrMark(&l.lost)
 	}
 	if l.cancel != nil {
 		l.cancel(err)
@@ -309,6 +332,16 @@ func (l *Lease) end(err error, lostCause string) bool {
 		l.c.tel.endLease(l, l.c.clock.Now().Sub(l.acquired), lostCause, err)
 	}
 	return true
+}
+
+// closeOrMark closes *ch, or, if it was never made, sets it to
+// closedChan. Called with the lease's mu held.
+func closeOrMark(ch *chan struct{}) {
+	if *ch == nil {
+		*ch = closedChan
+	} else {
+		close(*ch)
+	}
 }
 
 // ended returns the error the lease ended with.

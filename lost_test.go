@@ -134,3 +134,51 @@ func TestLostPermitIsForgotten(t *testing.T) {
 		require.NoError(t, second.Release(ctx))
 	})
 }
+
+// Done and Lost close as the lease ends, whether they were first called
+// while it was held or only after it ended (a lease makes its channels on
+// the first call): Done at any end, Lost only at a loss; and each returns
+// one channel from then on.
+func TestLeaseChannels(t *testing.T) {
+	const ttl = 10 * time.Second
+	for _, tc := range []struct {
+		name  string
+		early bool // Done and Lost are first called while the lease is held
+		lose  bool // the lease is lost at its deadline, not released
+	}{
+		{"released, asked before", true, false},
+		{"released, asked after", false, false},
+		{"lost, asked before", true, true},
+		{"lost, asked after", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ctx := context.Background()
+				clk := &manualClock{now: time.Unix(1e9, 0)}
+				c, _ := memClient(t, newMemStore(), WithTTL(ttl), withClock(clk))
+				m := c.NewMutex("k")
+				require.NoError(t, m.Lock(ctx))
+				l := m.Lease()
+				var done, lost <-chan struct{}
+				if tc.early {
+					done, lost = l.Done(), l.Lost()
+					assert.False(t, waitClosed(done, 0), "Done closed while held")
+					assert.False(t, waitClosed(lost, 0), "Lost closed while held")
+				}
+				if tc.lose {
+					clk.advance(holdFor(ttl))
+					require.ErrorIs(t, l.Err(), ErrLeaseLost) // ends it at once
+				} else {
+					require.NoError(t, m.Unlock(ctx))
+				}
+				if !tc.early {
+					done, lost = l.Done(), l.Lost()
+				}
+				assert.True(t, waitClosed(done, 0), "Done not closed")
+				assert.Equal(t, tc.lose, waitClosed(lost, 0), "Lost closed: %v", waitClosed(lost, 0))
+				assert.Equal(t, done, l.Done(), "Done returned another channel")
+				assert.Equal(t, lost, l.Lost(), "Lost returned another channel")
+			})
+		})
+	}
+}

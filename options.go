@@ -101,11 +101,18 @@ func clientOnly(name string, f func(*config)) Option {
 	})
 }
 
+// MaxTTL is the longest TTL that [WithTTL] accepts: a crashed holder's key
+// stays held for a TTL, and no key should stand held for nobody longer
+// than a day (Consul caps the TTLs of its locks at a day too).
+const MaxTTL = 24 * time.Hour
+
 // WithTTL sets the lease duration: a key whose holder stops extending it
 // (crash, partition, pause) is free again this long after the holder's last
 // successful write, and the holder itself gives it up a little before, at
 // the local deadline described in the package documentation. It must be at
-// least a millisecond, and longer than the server's round trip: a Lock
+// least a millisecond and at most [MaxTTL] (otherwise [NewClient] returns,
+// and the lock's first call reports, an error matching
+// [ErrInvalidOption]), and longer than the server's round trip: a Lock
 // whose acquires are answered after their lease's local deadline, three
 // times in a row, returns [ErrTTLTooShort]. The default is [DefaultTTL].
 func WithTTL(d time.Duration) Option {
@@ -363,6 +370,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: TTL %v is not positive", ErrInvalidOption, c.ttl)
 	case c.ttl < time.Millisecond:
 		return fmt.Errorf("%w: TTL %v is shorter than a millisecond", ErrInvalidOption, c.ttl)
+	case c.ttl > MaxTTL:
+		return fmt.Errorf("%w: TTL %v is longer than the maximum %v", ErrInvalidOption, c.ttl, MaxTTL)
 	}
 	if c.maxHold != 0 && c.maxHold < c.ttl {
 		return fmt.Errorf("%w: maximum hold %v is shorter than the TTL %v: it must be 0 (no cap) or at least the TTL",

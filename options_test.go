@@ -126,7 +126,9 @@ func TestWithPollIntervalMinimums(t *testing.T) {
 }
 
 // A TTL that is not positive says so; a positive one under a millisecond
-// is too short.
+// is too short, and one over MaxTTL too long (the longest Duration, for
+// "forever", would overflow the TTL rounded up to milliseconds that the
+// store writes: a negative TTL, which others may take over at once).
 func TestWithTTLMessages(t *testing.T) {
 	coll := newColl(t)
 	for _, tc := range []struct {
@@ -138,6 +140,8 @@ func TestWithTTLMessages(t *testing.T) {
 		{"zero", 0, "TTL 0s is not positive"},
 		{"1ns", time.Nanosecond, "TTL 1ns is shorter than a millisecond"},
 		{"just short", time.Millisecond - 1, "shorter than a millisecond"},
+		{"just long", MaxTTL + 1, "TTL 24h0m0.000000001s is longer than the maximum 24h0m0s"},
+		{"longest Duration", math.MaxInt64, "longer than the maximum"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := NewClient(coll, WithTTL(tc.ttl))
@@ -147,9 +151,11 @@ func TestWithTTLMessages(t *testing.T) {
 			require.ErrorIs(t, m.Lock(context.Background()), ErrInvalidOption)
 		})
 	}
-	c, err := NewClient(coll, WithTTL(time.Millisecond))
-	require.NoError(t, err, "a millisecond")
-	require.NoError(t, c.Close(context.Background()))
+	for _, ttl := range []time.Duration{time.Millisecond, MaxTTL} {
+		c, err := NewClient(coll, WithTTL(ttl))
+		require.NoError(t, err, "TTL %v", ttl)
+		require.NoError(t, c.Close(context.Background()))
+	}
 }
 
 // WithBackoff's bounds: a min under MinBackoff would poll a held key back

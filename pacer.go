@@ -65,7 +65,7 @@ type pacing struct {
 	mu      sync.Mutex
 	last    lastWait      // guarded by mu
 	queue   int64         // guarded by mu
-	counter sighting      // guarded by mu: the token counter as last seen to change, and when (sent: when the reply came)
+	counter counterSeen   // guarded by mu: the token counter as last seen to change, and when (sent: when the reply came)
 	every   time.Duration // guarded by mu: how often the key changes hands, estimated
 	turn    time.Duration // guarded by mu: a requeued wait's turn, per waiter ahead, as learnt (planTurn)
 	busy    time.Duration // guarded by mu: how long its last requeued hold lasted, from acquire to release (planTurn)
@@ -76,9 +76,9 @@ type pacing struct {
 	kept    bool          // guarded by mu: its last Lock took a hold its Unlock kept (keep.go)
 	late    int           // guarded by mu: requeued waits in a row whose first attempt failed (tookTurn)
 
-	freed    sighting  // guarded by mu: when the last Unlock sent the write that freed the key, and the counter as it left it; zero if it kept the hold (planHead)
-	unlocked time.Time // guarded by mu: when the last Unlock returned (requeue.go)
-	soon     bool      // guarded by mu: the last Lock began within the requeue window after the Unlock before it
+	freed    counterSeen // guarded by mu: when the last Unlock sent the write that freed the key, and the counter as it left it; zero if it kept the hold (planHead)
+	unlocked time.Time   // guarded by mu: when the last Unlock returned (requeue.go)
+	soon     bool        // guarded by mu: the last Lock began within the requeue window after the Unlock before it
 }
 
 // sawToken records the key's token counter t, seen at now, and updates
@@ -97,7 +97,7 @@ func (p *pacing) sawToken(t Token, now time.Time) {
 		}
 	}
 	if t != p.counter.token || p.counter.sent.IsZero() {
-		p.counter = sighting{sent: now, token: t}
+		p.counter = counterSeen{sent: now, token: t}
 	}
 }
 
@@ -198,7 +198,8 @@ type schedule struct {
 // exclusive returns the schedule of an exclusive wait of the primitive,
 // paced by rules.
 func (p *pacing) exclusive(cfg *config, rules pacer) schedule {
-	return schedule{p: p, cfg: cfg, rules: rules, last: p.takeFreed()}
+	f := p.takeFreed()
+	return schedule{p: p, cfg: cfg, rules: rules, last: sighting{sent: f.sent, token: f.token}}
 }
 
 // shared returns the schedule of a shared wait: plain backoff, resumed
@@ -473,7 +474,7 @@ func (p *pacing) unlocking(now time.Time, cfg *config) bool {
 	if !p.held.IsZero() {
 		p.hold = now.Sub(p.held)
 	}
-	p.freed = sighting{} // until freeing: the Unlock may keep the hold
+	p.freed = counterSeen{} // until freeing: the Unlock may keep the hold
 	return p.soon && !p.last.at.IsZero() && now.Sub(p.last.at) < cfg.ttl
 }
 
@@ -495,17 +496,18 @@ func (p *pacing) ownHold() time.Duration {
 // that frees the key, whose token counter its hold left at t (planHead).
 func (p *pacing) freeing(now time.Time, t Token) {
 	p.mu.Lock()
-	p.freed = sighting{sent: now, token: t}
+	p.freed = counterSeen{sent: now, token: t}
 	p.mu.Unlock()
 }
 
 // takeFreed returns what freeing last noted, and forgets it: the zero
-// sighting if the last Unlock kept its hold, or if a Lock took it already.
-func (p *pacing) takeFreed() sighting {
+// counterSeen if the last Unlock kept its hold, or if a Lock took it
+// already.
+func (p *pacing) takeFreed() counterSeen {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	f := p.freed
-	p.freed = sighting{}
+	p.freed = counterSeen{}
 	return f
 }
 
@@ -670,6 +672,13 @@ type sighting struct {
 	sent  time.Time
 	token Token
 	r     record // Rev 0: none
+}
+
+// A counterSeen is a sighting without its record: what a pacing keeps
+// between waits (two records in every primitive were over half its heap).
+type counterSeen struct {
+	sent  time.Time
+	token Token
 }
 
 // An anchor is a moment that both the server's clock and this Client's
