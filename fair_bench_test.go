@@ -28,7 +28,7 @@ import (
 //
 //	go test -run '^$' -bench Fairness -benchtime 1x -v
 //
-// The rows named .../random draw each hold at random (exponential, of the
+// The rows named hold=H-random draw each hold at random (exponential, of the
 // mean the row names), which no pacing can foresee.
 //
 // The environment variable DLOCK_FAIR_SCALE (a positive number, default 1)
@@ -133,7 +133,7 @@ func (r fairRow) name() string {
 		s += fmt.Sprintf("/ttl=%v", r.ttl)
 	}
 	if r.random {
-		s += "/random"
+		s += "-random"
 	}
 	return s
 }

@@ -38,7 +38,7 @@ import (
 // a row whose cap leaves room for fewer than scaleMinHolds holds (1024
 // Clients holding 5 s) is skipped, with the reason logged. The rows of
 // 20 ms and 250 ms holds run again with each hold drawn at random
-// (clients=C/hold=H/random: exponential, of mean H), which no pacing can
+// (clients=C/hold=H-random: exponential, of mean H), which no pacing can
 // foresee. The idle rows
 // (idle/mutex/clients=C, idle/election/clients=C, idle/semaphore/clients=C)
 // run one Client that holds the key (a Semaphore's one permit) for the
@@ -139,7 +139,7 @@ type scaleRow struct {
 func (r scaleRow) name() string {
 	s := fmt.Sprintf("clients=%d/hold=%v", r.clients, r.hold)
 	if r.random {
-		s += "/random"
+		s += "-random"
 	}
 	return s
 }
