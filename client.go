@@ -246,9 +246,10 @@ func containsNUL(s string) bool {
 // cancels the clean-ups, and the keys they were to free are free again a
 // TTL later. The one write that frees the keys of the leases, and of what
 // the last Unlocks left for a next Lock (a kept hold, a requeued
-// registration), is sent even when ctx has ended already, as [Mutex.Unlock]'s release is, bounded by a
-// second of its own; Close returns an error matching ctx's error only when
-// that write could not complete. Closing twice returns [ErrClosed].
+// registration), is sent even when ctx has ended already, as
+// [Mutex.Unlock]'s release is, bounded by a second of its own; Close
+// returns an error matching ctx's error only when that write could not
+// complete. Closing twice returns [ErrClosed].
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
 	if c.calls.closed {
