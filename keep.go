@@ -22,8 +22,8 @@ package dlock
 // Only a short hold is kept: one that lasted less than keepFactor round
 // trips of the primitive's acquires, for which the cost of a hand-over is
 // more than about a tenth of the turn. If no Lock comes within the requeue
-// window, or Close begins, the kept hold is released in the background
-// (Close waits for that write). The extender does not extend a kept hold:
+// window, the kept hold is released in the background; when Close begins,
+// Close releases it in its own write, with the leases. The extender does not extend a kept hold:
 // the window is far shorter than the time left on its lease, and a Lock
 // that comes after the lease's deadline does not take it over.
 

@@ -29,8 +29,9 @@ type requeuer interface {
 // A leftover is what an Unlock left for its primitive's next Lock of the
 // key: the registration it requeued, or the hold it kept (keep.go). A
 // Client keeps at most one per key (an Unlock leaves one or the other),
-// until a Lock picks it up, or the requeue window passes, or Close begins:
-// then it is disposed of (see leaveFor).
+// until a Lock picks it up, or the requeue window passes (then it is
+// disposed of: see leaveFor), or Close begins (Close frees it in its own
+// write, with the leases, even when its ctx has ended).
 type leftover struct {
 	lease   *Lease        // the registration (extended by the extender), or the kept hold (not extended)
 	a       attempt       // its attempt: the registration's hold id, and the kind and TTL a Lock must have to pick it up
@@ -91,9 +92,10 @@ func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) 
 
 // leaveFor keeps lo for the next Lock of its key by cl's primitive, and
 // disposes of it in the background if no Lock picks it up within the
-// requeue window, or when Close begins. It reports false, having kept
-// nothing, when Close no longer runs clean-ups (it could not wait for the
-// calling Unlock): the caller then disposes of lo itself. Called by an
+// requeue window (or if Close began after Close took the leftovers, which
+// it frees itself). It reports false, having kept nothing, when Close no
+// longer runs clean-ups (it could not wait for the calling Unlock): the
+// caller then disposes of lo itself. Called by an
 // Unlock, which holds the key's slot: no Lock of the key picks lo up
 // before leaveFor returns.
 func (c *Client) leaveFor(cl claim, lo *leftover) bool {
