@@ -189,10 +189,9 @@ const (
 // contention follows a schedule of its own instead (docs/fairness.md), and
 // no wait sleeps longer than 1.5·max at a time while the key changes
 // hands. Once it has not for a TTL, a wait sleeps longer the longer the key
-// stands still: a sixteenth of that, up to a quarter TTL, for a Lock at
-// the head of the key's queue or next, and for an RLock or a Semaphore's
-// Acquire; half of it, up to a TTL, for a Lock two or more places back
-// (it cannot be next before the waiter ahead of it). min is also how long an
+// stands still, up to a quarter TTL: a sixteenth of that for a Lock at the
+// head of the key's queue or next, and for an RLock or a Semaphore's
+// Acquire; half of it for a Lock two or more places back. min is also how long an
 // Unlock under contention leaves a kept hold or a registration for its
 // Mutex's next Lock. Defaults: [DefaultMinBackoff] and [DefaultMaxBackoff].
 // It needs [MinBackoff] <= min <= max <= [MaxBackoff]; otherwise
