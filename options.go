@@ -191,9 +191,9 @@ const (
 // hands. Once it has not for a TTL, a wait sleeps longer the longer the key
 // stands still, up to a quarter TTL: a sixteenth of that for a Lock at the
 // head of the key's queue or next, and for an RLock or a Semaphore's
-// Acquire; half of it for a Lock two or more places back. min is also how long an
-// Unlock under contention leaves a kept hold or a registration for its
-// Mutex's next Lock. Defaults: [DefaultMinBackoff] and [DefaultMaxBackoff].
+// Acquire; half of it for a Lock two or more places back. min is also how
+// long an Unlock under contention leaves a kept hold or a registration for
+// its Mutex's next Lock. Defaults: [DefaultMinBackoff] and [DefaultMaxBackoff].
 // It needs [MinBackoff] <= min <= max <= [MaxBackoff]; otherwise
 // [NewClient] returns, and the lock's first call reports, an error
 // matching [ErrInvalidOption].
