@@ -1119,54 +1119,82 @@ func TestWaitingThroughLongHold(t *testing.T) {
 // decided on. After a long hold, a waiter two places back whose waiters
 // ahead give up (a Lock with a timeout) is the head without knowing it;
 // when the hold ends it takes the key within a quarter TTL and a poll, as
-// a head does, not after the sleep of a waiter two places back. The
-// waiters ahead leave, and the hold ends, just after its read, when it
-// has the longest sleep ahead of it.
+// a head does, not after the sleep of a waiter two places back (a TTL,
+// when deep waiters slept that long). The waiters ahead leave, and the
+// hold ends, just after its read, when it has the longest sleep ahead of
+// it. On the in-memory store in virtual time (the default TTL), and on
+// the embedded server (a TTL of 2 s).
 func TestHeadAfterWaitersAheadLeft(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		st := newMemStore()
-		ctx := context.Background()
-		holder, _ := memClient(t, st)
-		mh := holder.NewMutex("k")
-		require.NoError(t, mh.Lock(ctx))
-		var leave []context.CancelFunc
-		for range 2 {
-			c, _ := memClient(t, st)
-			m := c.NewMutex("k")
-			wctx, cancel := context.WithCancel(ctx)
-			leave = append(leave, cancel)
-			go m.Lock(wctx) // gives up when cancelled
-			synctest.Wait() // registered, in this order
-		}
-		c, h := memClient(t, st)
+	t.Run("memory", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			st := newMemStore()
+			headAfterWaitersAheadLeft(t, func() store { return st }, DefaultTTL, synctest.Wait)
+		})
+	})
+	t.Run("server", func(t *testing.T) {
+		coll := newColl(t)
+		st := func() store { return newMongoStore(coll, func(context.Context, int) {}) }
+		headAfterWaitersAheadLeft(t, st, 2*time.Second, func() {})
+	})
+}
+
+// headAfterWaitersAheadLeft runs TestHeadAfterWaitersAheadLeft's scene
+// on the stores st returns, with ttl; settle waits until the goroutines
+// of a bubble are blocked, or does nothing outside one.
+func headAfterWaitersAheadLeft(t *testing.T, st func() store, ttl time.Duration, settle func()) {
+	ctx := context.Background()
+	holder, _ := memClient(t, st(), WithTTL(ttl))
+	mh := holder.NewMutex("k")
+	require.NoError(t, mh.Lock(ctx))
+	var leave []context.CancelFunc
+	left := make(chan error, 2)
+	for range 2 {
+		c, h := memClient(t, st(), WithTTL(ttl))
 		m := c.NewMutex("k")
-		took := make(chan time.Time, 1)
-		go func() {
-			if assert.NoError(t, m.Lock(ctx)) {
-				took <- time.Now()
-				assert.NoError(t, m.Unlock(ctx))
-			}
-		}()
-		time.Sleep(2 * time.Minute) // the long hold
-		read := make(chan struct{}, 1)
-		h.on("read", func(_ context.Context, call func() error) error {
+		wctx, cancel := context.WithCancel(ctx)
+		leave = append(leave, cancel)
+		registered := make(chan struct{}, 1)
+		h.on("register", func(_ context.Context, call func() error) error {
+			err := call()
 			select {
-			case read <- struct{}{}:
+			case registered <- struct{}{}:
 			default:
 			}
-			return call()
+			return err
 		})
-		<-read
-		synctest.Wait() // its read answered, it sleeps
-		for _, cancel := range leave {
-			cancel()
+		go func() { left <- m.Lock(wctx) }() // gives up when cancelled
+		<-registered                         // registered, in this order
+	}
+	c, h := memClient(t, st(), WithTTL(ttl))
+	m := c.NewMutex("k")
+	took := make(chan time.Time, 1)
+	go func() {
+		if assert.NoError(t, m.Lock(ctx)) {
+			took <- time.Now()
+			assert.NoError(t, m.Unlock(ctx))
 		}
-		synctest.Wait() // they left the queue
-		require.Len(t, waiters(st, "k"), 1)
-		ended := time.Now()
-		require.NoError(t, mh.Unlock(ctx))
-		wait := (<-took).Sub(ended)
-		t.Logf("the waiter took the key %v after the hold ended", wait)
-		assert.LessOrEqual(t, wait, DefaultTTL/4+fairPoll, "the key waited for a sleeper")
+	}()
+	time.Sleep(ttl * 3 / 2) // the long hold: the key stands still past a TTL
+	read := make(chan struct{}, 1)
+	h.on("read", func(_ context.Context, call func() error) error {
+		err := call()
+		select {
+		case read <- struct{}{}:
+		default:
+		}
+		return err
 	})
+	<-read
+	settle() // its read answered, it sleeps
+	for _, cancel := range leave {
+		cancel()
+	}
+	for range leave {
+		require.ErrorIs(t, <-left, context.Canceled)
+	}
+	ended := time.Now()
+	require.NoError(t, mh.Unlock(ctx))
+	wait := (<-took).Sub(ended)
+	t.Logf("the waiter took the key %v after the hold ended", wait)
+	assert.LessOrEqual(t, wait, ttl/4+fairPoll, "the key waited for a sleeper")
 }
