@@ -137,11 +137,14 @@ func TestRunExportsTraces(t *testing.T) {
 		parent  = "00-" + traceID + "-" + spanID + "-01"
 	)
 	coll := collection(t)
-	col := newCollector(t, http.StatusOK)
-	env := []string{"TRACEPARENT=" + parent, "TRACESTATE=vendor=opaque",
-		"OTEL_EXPORTER_OTLP_ENDPOINT=" + col.URL + "/",
-		"OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%20secret,x-team=ci",
-		"OTEL_RESOURCE_ATTRIBUTES=ci.job=42"}
+	// exportTo returns the environment of a run in a traced job that
+	// exports to col.
+	exportTo := func(col *collector) []string {
+		return []string{"TRACEPARENT=" + parent, "TRACESTATE=vendor=opaque",
+			"OTEL_EXPORTER_OTLP_ENDPOINT=" + col.URL + "/",
+			"OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%20secret,x-team=ci",
+			"OTEL_RESOURCE_ATTRIBUTES=ci.job=42"}
+	}
 	status := func(key string) []string {
 		return []string{"sh", "-c", `exec "$@"`, "sh", binary, "status", "-uri", testURI, "-db", testDB, "-collection", coll, "-json", key}
 	}
@@ -159,7 +162,8 @@ func TestRunExportsTraces(t *testing.T) {
 			wantWarn: `dlock elect: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL is "grpc", but dlock sends traces as http/json`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			code, stdout, stderr := dlockRun(t, append(env, tc.env...), append(tc.args, status(tc.key)...)...)
+			col := newCollector(t, http.StatusOK)
+			code, stdout, stderr := dlockRun(t, append(exportTo(col), tc.env...), append(tc.args, status(tc.key)...)...)
 			require.Equal(t, 0, code, "stderr: %q", stderr)
 			if tc.wantWarn == "" {
 				assert.Empty(t, stderr)
@@ -210,7 +214,8 @@ func TestRunExportsTraces(t *testing.T) {
 		holderTrace := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1}, SpanID: trace.SpanID{2}, TraceFlags: trace.FlagsSampled})
 		other := newClient(t, coll)
 		require.NoError(t, other.NewMutex("held").Lock(trace.ContextWithRemoteSpanContext(context.Background(), holderTrace)))
-		code, _, stderr := dlockRun(t, env, runArgs(coll, "-try", "held", "--", "true")...)
+		col := newCollector(t, http.StatusOK)
+		code, _, stderr := dlockRun(t, exportTo(col), runArgs(coll, "-try", "held", "--", "true")...)
 		require.Equal(t, exitHeld, code, "stderr: %q", stderr)
 		spans := col.one(t).spans(t)
 		require.Len(t, spans, 1)
@@ -231,7 +236,8 @@ func TestRunExportsTraces(t *testing.T) {
 
 // Without an endpoint, or with OTEL_TRACES_EXPORTER=none, run sends
 // nothing and sets up no tracer: the hold stores TRACEPARENT itself, as
-// when nothing records the Lock span.
+// when nothing records the Lock span. Nor does it record, nor send, a
+// span of a job whose TRACEPARENT is not sampled.
 func TestRunNoExport(t *testing.T) {
 	const (
 		traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -240,14 +246,16 @@ func TestRunNoExport(t *testing.T) {
 	coll := collection(t)
 	col := newCollector(t, http.StatusOK)
 	for _, tc := range []struct {
-		name string
-		env  []string
+		name  string
+		flags string // TRACEPARENT's
+		env   []string
 	}{
-		{name: "no endpoint", env: []string{"OTEL_EXPORTER_OTLP_HEADERS=a=1", "OTEL_SERVICE_NAME=ci"}},
-		{name: "exporter none", env: []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + col.URL, "OTEL_TRACES_EXPORTER=none"}},
+		{name: "no endpoint", flags: "01", env: []string{"OTEL_EXPORTER_OTLP_HEADERS=a=1", "OTEL_SERVICE_NAME=ci"}},
+		{name: "exporter none", flags: "01", env: []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + col.URL, "OTEL_TRACES_EXPORTER=none"}},
+		{name: "not sampled", flags: "00", env: []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + col.URL}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			env := append([]string{"TRACEPARENT=00-" + traceID + "-" + spanID + "-01"}, tc.env...)
+			env := append([]string{"TRACEPARENT=00-" + traceID + "-" + spanID + "-" + tc.flags}, tc.env...)
 			code, stdout, stderr := dlockRun(t, env, runArgs(coll, "k", "--", binary, "status", "-uri", testURI, "-db", testDB, "-collection", coll, "-json", "k")...)
 			require.Equal(t, 0, code, "stderr: %q", stderr)
 			assert.Empty(t, stderr)

@@ -139,7 +139,7 @@ func TestRecorder(t *testing.T) {
 	a.RecordError(nil)
 	a.SetName("a2")
 	assert.Empty(t, p.take(), "nothing ended yet")
-	b.SetStatus(codes.Ok, "")
+	b.SetStatus(codes.Ok, "ignored")
 	b.SetStatus(codes.Error, "after Ok")
 	b.End()
 	a.End()
