@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"net/http"
 	"testing"
 	"time"
@@ -189,7 +190,7 @@ func TestOTLPJSON(t *testing.T) {
 		start: at(1700000000000000001), end: at(1700000000123456789),
 		attrs: []attribute.KeyValue{attribute.String("dlock.key", "k"), attribute.Int64("dlock.token", 1<<62),
 			attribute.Bool("ok", false), attribute.Float64("f", 0.5), attribute.StringSlice("s", []string{"a", ""}),
-			attribute.Int64Slice("i", []int64{-1})},
+			attribute.Int64Slice("i", []int64{-1}), attribute.Float64("nan", math.NaN())},
 		events: []recEvent{{name: "dlock.held", time: at(1700000000000000002), attrs: []attribute.KeyValue{attribute.Int64("dlock.holder.token", 7)}}},
 		links:  []trace.Link{{SpanContext: link, Attributes: []attribute.KeyValue{attribute.String("dlock.key", "k")}}},
 		status: codes.Error, statusMessage: "failed",
@@ -217,7 +218,8 @@ func TestOTLPJSON(t *testing.T) {
 				{"key": "ok", "value": {"boolValue": false}},
 				{"key": "f", "value": {"doubleValue": 0.5}},
 				{"key": "s", "value": {"arrayValue": {"values": [{"stringValue": "a"}, {"stringValue": ""}]}}},
-				{"key": "i", "value": {"arrayValue": {"values": [{"intValue": "-1"}]}}}
+				{"key": "i", "value": {"arrayValue": {"values": [{"intValue": "-1"}]}}},
+				{"key": "nan", "value": {"stringValue": "NaN"}}
 			],
 			"events": [{"timeUnixNano": "1700000000000000002", "name": "dlock.held",
 				"attributes": [{"key": "dlock.holder.token", "value": {"intValue": "7"}}]}],
