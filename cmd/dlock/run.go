@@ -37,7 +37,9 @@ With TRACEPARENT (and TRACESTATE) in its environment, as CI systems and
 otel-cli set them for a traced job, run waits for KEY in that trace: the
 hold stores the trace context (dlock status shows its trace id), and
 COMMAND gets the same TRACEPARENT. One that is not a valid W3C traceparent
-is ignored, with a warning on stderr; it never fails the run.
+is ignored, with a warning on stderr; it never fails the run. With
+OTEL_EXPORTER_OTLP_ENDPOINT set, run sends its spans there as it exits
+(OTLP/HTTP, JSON; "go doc github.com/dlock-go/dlock/cmd/dlock" has more).
 
 Exit status: COMMAND's (128+N if a signal N killed it); 64 bad usage (or KEY
 used by another kind of lock, or -ttl under the server's round trip); 69 could not reach the server; 75 KEY held
