@@ -298,7 +298,7 @@ func otlpValueOf(v attribute.Value) otlpValue {
 		return otlpValue{Int: ptr(v.AsInt64())}
 	case attribute.FLOAT64:
 		if f := v.AsFloat64(); math.IsNaN(f) || math.IsInf(f, 0) {
-			return otlpValue{String: ptr(v.Emit())}
+			return otlpValue{String: ptr(v.String())}
 		}
 		return otlpValue{Double: ptr(v.AsFloat64())}
 	case attribute.STRING:
