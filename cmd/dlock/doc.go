@@ -180,13 +180,40 @@
 // trace id and the Lock span of a traced program waiting for KEY links to
 // the job. COMMAND gets the same TRACEPARENT and TRACESTATE (as W3C version
 // 00; a TRACESTATE that does not parse is dropped), so that its steps stay
-// in the job's trace, beside the wait: run records no span of its own to
-// put between them. Run sets up no tracer, and exports nothing.
+// in the job's trace, beside the wait.
 //
 // A TRACEPARENT that is not a valid W3C traceparent (00-TRACEID-SPANID-FLAGS
 // in lower-case hex, with ids not all zero) is ignored with a warning on
 // standard error, and left in COMMAND's environment as it was: it never
 // fails the run.
+//
+// Run and elect export their spans when OTEL_EXPORTER_OTLP_ENDPOINT or
+// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set, as the OpenTelemetry SDKs
+// do: the wait for KEY (a dlock.TryLock span, then dlock.Lock if KEY was
+// held; dlock.Campaign for elect), the release, and a lost lease. The
+// wait's span is a child of TRACEPARENT, and the hold stores it, not
+// TRACEPARENT. The spans go in one request as run exits, after the
+// release: OTLP/HTTP with JSON encoding, to
+// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as it is, or else to
+// OTEL_EXPORTER_OTLP_ENDPOINT with /v1/traces added. Run reads these
+// variables of the SDKs' too (a _TRACES_ one wins over its plain one):
+//
+//	OTEL_EXPORTER_OTLP_HEADERS, _TRACES_HEADERS  key=value,... added to
+//	    the request, each value percent-decoded
+//	OTEL_EXPORTER_OTLP_TIMEOUT, _TRACES_TIMEOUT  in milliseconds (default
+//	    10000), but run waits 3 s at most
+//	OTEL_SERVICE_NAME  the spans' service.name (default "dlock")
+//	OTEL_RESOURCE_ATTRIBUTES  key=value,... more of the spans' resource
+//	OTEL_TRACES_EXPORTER=none, OTEL_SDK_DISABLED=true  export nothing
+//
+// Run sends http/json only: with OTEL_EXPORTER_OTLP_PROTOCOL (or
+// _TRACES_PROTOCOL) set to grpc or http/protobuf, it warns on standard
+// error and sends http/json, which the OpenTelemetry Collector takes on
+// its OTLP/HTTP port (4318), not on the gRPC one (4317). A wait under a
+// TRACEPARENT that is not sampled records no span. An export that fails
+// (refused, an error status, no answer in time) is a warning on standard
+// error; it never changes the exit status. Without an endpoint, run sets
+// up no tracer and exports nothing.
 //
 // # Exit status
 //

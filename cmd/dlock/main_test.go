@@ -140,15 +140,16 @@ type process struct {
 }
 
 // start starts dlock with args and env added to the test's environment
-// (without MONGODB_URI: each test passes -uri; nor TRACEPARENT and
-// TRACESTATE, which a traced CI job may have set: tests that want them
-// pass them). It is killed if still running when the test ends.
+// (without MONGODB_URI: each test passes -uri; nor TRACEPARENT,
+// TRACESTATE and the OpenTelemetry SDK's OTEL_ variables, which a traced
+// CI job may have set: tests that want them pass them). It is killed if
+// still running when the test ends.
 func start(t *testing.T, env []string, args ...string) *process {
 	t.Helper()
 	cmd := exec.Command(binary, args...)
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
-		if name != "MONGODB_URI" && name != "TRACEPARENT" && name != "TRACESTATE" {
+		if name != "MONGODB_URI" && name != "TRACEPARENT" && name != "TRACESTATE" && !strings.HasPrefix(name, "OTEL_") {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}

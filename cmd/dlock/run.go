@@ -37,7 +37,9 @@ With TRACEPARENT (and TRACESTATE) in its environment, as CI systems and
 otel-cli set them for a traced job, run waits for KEY in that trace: the
 hold stores the trace context (dlock status shows its trace id), and
 COMMAND gets the same TRACEPARENT. One that is not a valid W3C traceparent
-is ignored, with a warning on stderr; it never fails the run.
+is ignored, with a warning on stderr; it never fails the run. With
+OTEL_EXPORTER_OTLP_ENDPOINT set, run sends its spans there as it exits
+(OTLP/HTTP, JSON; "go doc github.com/dlock-go/dlock/cmd/dlock" has more).
 
 Exit status: COMMAND's (128+N if a signal N killed it); 64 bad usage (or KEY
 used by another kind of lock, or -ttl under the server's round trip); 69 could not reach the server; 75 KEY held
@@ -100,6 +102,8 @@ type runner struct {
 	value string // elect: the leader's value
 
 	parent trace.SpanContext // the job's trace context (TRACEPARENT), or none; set as run starts
+	spans  *recorder         // the Client's tracer provider when spans are exported, else nil; set as run starts
+	otlp   *otlpExport       // where spans go, with spans; set as run starts
 	mc     *mongo.Client     // set once connected
 	client *dlock.Client     // set once connected
 	lease  *dlock.Lease      // set once held
@@ -109,6 +113,8 @@ type runner struct {
 var errInterrupted = errors.New("interrupted")
 
 func (r *runner) run() int {
+	r.startTraces()
+	defer r.exportTraces() // last, once the key is released and the signals are no longer caught
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, slices.Concat(stopSignals, passSignals, quietSignals)...)
 	defer signal.Stop(sigs)
@@ -160,7 +166,11 @@ func (r *runner) acquire(ctx context.Context) int {
 		return failf(exitUsage, "dlock %s: %v", r.verb, err)
 	}
 	r.mc = mc
-	client, err := dlock.NewClient(coll, dlock.WithTTL(r.flags.ttl), dlock.WithMaxHold(r.flags.maxHold), dlock.WithOwner(ownerLabel()))
+	opts := []dlock.Option{dlock.WithTTL(r.flags.ttl), dlock.WithMaxHold(r.flags.maxHold), dlock.WithOwner(ownerLabel())}
+	if r.spans != nil {
+		opts = append(opts, dlock.WithTracerProvider(r.spans))
+	}
+	client, err := dlock.NewClient(coll, opts...)
 	if err != nil {
 		return failf(exitUsage, "dlock %s: %s", r.verb, errorText(err))
 	}
@@ -336,9 +346,13 @@ func startCommand(cmd *exec.Cmd) (<-chan error, error) {
 
 // close releases the lock, if held, and closes the connection. Each step is
 // bounded: a release that gets no answer leaves the key to free itself a
-// TTL later.
+// TTL later. The release runs in the job's trace, as the wait did.
 func (r *runner) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), max(r.flags.ttl, time.Second))
+	ctx := context.Background()
+	if r.parent.IsValid() {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, r.parent)
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(r.flags.ttl, time.Second))
 	defer cancel()
 	if r.lease != nil {
 		lease := r.lease

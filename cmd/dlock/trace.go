@@ -46,11 +46,11 @@ func traceParent(verb string) trace.SpanContext {
 // place of those env had; or env as it is when sc is not valid.
 //
 // COMMAND gets the span context run got, the job's own parent, rather than
-// a span of run's: run records no span (it sets up no tracer), so the id
-// of one would name a span that no backend ever receives, and its steps
-// would hang from a parent missing from the trace. The wait for the key
-// (a Lock span, where a tracer records one) and COMMAND's steps are then
-// siblings under the job's span.
+// a span of run's: run records spans only when it exports them
+// (startTraces), so the id of one would otherwise name a span that no
+// backend ever receives, and COMMAND's steps would hang from a parent
+// missing from the trace. The wait for the key (a Lock span, when
+// exported) and COMMAND's steps are then siblings under the job's span.
 func withTraceContext(env []string, sc trace.SpanContext) []string {
 	if !sc.IsValid() {
 		return env
@@ -65,4 +65,34 @@ func withTraceContext(env []string, sc trace.SpanContext) []string {
 		env = append(env, envTraceState+"="+ts)
 	}
 	return env
+}
+
+// startTraces sets run up to record its spans, and export them at exit,
+// when the OpenTelemetry SDK's variables in the environment ask for it
+// (otlpFromEnv); it warns on stderr of settings it ignores. Otherwise run
+// sets up no tracer: the Client's spans go to the global provider, which
+// records nothing.
+func (r *runner) startTraces() {
+	exp, warns := otlpFromEnv(os.Getenv)
+	for _, w := range warns {
+		fmt.Fprintf(os.Stderr, "dlock %s: %s\n", r.verb, w)
+	}
+	if exp != nil {
+		r.otlp, r.spans = exp, &recorder{}
+	}
+}
+
+// exportTraces sends the spans that ended, if run records them. A failure
+// is a warning on stderr: it costs the trace, never the run.
+func (r *runner) exportTraces() {
+	if r.otlp == nil {
+		return
+	}
+	spans := r.spans.take()
+	if len(spans) == 0 {
+		return
+	}
+	if err := r.otlp.export(spans); err != nil {
+		fmt.Fprintf(os.Stderr, "dlock %s: traces not exported: %v\n", r.verb, err)
+	}
 }
