@@ -155,6 +155,22 @@ func (h *hooked) serverTime(ctx context.Context) (t time.Time, ok bool, err erro
 	return t, ok, err
 }
 
+// answered returns a channel that receives when a call of op has been
+// answered (applied at the store), from now on; it holds one signal, and
+// drops those that come while it is full.
+func (h *hooked) answered(op string) <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	h.on(op, func(_ context.Context, call func() error) error {
+		err := call()
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+		return err
+	})
+	return ch
+}
+
 // Hooks.
 
 // failing fails without reaching the store, as a dead network would.

@@ -1153,15 +1153,7 @@ func headAfterWaitersAheadLeft(t *testing.T, st func() store, ttl time.Duration,
 		m := c.NewMutex("k")
 		wctx, cancel := context.WithCancel(ctx)
 		leave = append(leave, cancel)
-		registered := make(chan struct{}, 1)
-		h.on("register", func(_ context.Context, call func() error) error {
-			err := call()
-			select {
-			case registered <- struct{}{}:
-			default:
-			}
-			return err
-		})
+		registered := h.answered("register")
 		go func() { left <- m.Lock(wctx) }() // gives up when cancelled
 		<-registered                         // registered, in this order
 	}
@@ -1175,16 +1167,7 @@ func headAfterWaitersAheadLeft(t *testing.T, st func() store, ttl time.Duration,
 		}
 	}()
 	time.Sleep(ttl * 3 / 2) // the long hold: the key stands still past a TTL
-	read := make(chan struct{}, 1)
-	h.on("read", func(_ context.Context, call func() error) error {
-		err := call()
-		select {
-		case read <- struct{}{}:
-		default:
-		}
-		return err
-	})
-	<-read
+	<-h.answered("read")
 	settle() // its read answered, it sleeps
 	for _, cancel := range leave {
 		cancel()
