@@ -92,18 +92,11 @@ func TestTelemetryLockSpans(t *testing.T) {
 	coll := newColl(t)
 	ctx := context.Background()
 	holder := newClient(t, coll, WithOwner("holder"))
-	observed := make(chan struct{}, 1) // a read by the waiter: it has seen the holder
+	var observed <-chan struct{} // a read by the waiter: it has seen the holder
 	c := newClient(t, coll, append(rig.opts, WithBackoff(time.Millisecond, 5*time.Millisecond),
 		withStoreWrapper(func(s store) store {
 			h := &hooked{store: s, hooks: map[string]hook{}, calls: map[string]int{}}
-			h.on("read", func(_ context.Context, call func() error) error {
-				err := call()
-				select {
-				case observed <- struct{}{}:
-				default:
-				}
-				return err
-			})
+			observed = h.answered("read")
 			return h
 		}))...)
 	require.NoError(t, holder.NewMutex("k").Lock(ctx))
