@@ -41,6 +41,7 @@ type Lease struct {
 	stop     time.Time     // with maxHold: holdEnd-ttl, after which no extension is sent; else zero
 	lastDue  time.Time     // with maxHold: when the last extension is due, a timer's lateness before stop
 	raw      atomic.Bool   // the hold's base may be unwritten (leaseRef.raw); cleared by its first write that applied
+	trace    holdTrace     // the trace context of the Lock that made the hold (traceOf): its LeaseLost span's parent
 
 	mu       sync.Mutex
 	data     []byte        // the hold's data; replaced (never modified) by Election.Proclaim
@@ -79,7 +80,7 @@ type locker interface {
 func (c *Client) newLease(lk locker, cfg *config, a attempt, t Token, ro role, sent time.Time) *Lease {
 	l := &Lease{
 		c: c, lk: lk, key: a.key, token: t, count: t, hold: a.hold, role: ro, data: a.data, ttl: cfg.ttl, every: cfg.every(),
-		acquired: sent, deadline: sent.Add(holdFor(cfg.ttl)),
+		acquired: sent, deadline: sent.Add(holdFor(cfg.ttl)), trace: a.trace,
 	}
 	if d := cfg.maxHold; d > 0 && ro != roleWaiter { // a registration is not a hold
 		l.maxHold, l.holdEnd, l.stop = d, sent.Add(d), sent.Add(d-l.ttl)

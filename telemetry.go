@@ -243,9 +243,13 @@ func outcomeOf(ctx context.Context, err error) string {
 }
 
 // endLease records the end of a live lease: its hold time, and a span when
-// lost. (The extender counts leases in and out of dlock.leases.held.)
+// lost, in the trace of the Lock that made the hold, as its child. (The
+// extender counts leases in and out of dlock.leases.held.)
 func (t *telemetry) endLease(l *Lease, held time.Duration, lostCause string, err error) {
 	ctx := context.Background()
+	if l.trace.valid() {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, l.trace.spanContext())
+	}
 	t.hold.Record(ctx, held.Seconds())
 	t.held.Add(ctx, -1)
 	if lostCause == "" {
