@@ -152,26 +152,23 @@ func (l *Lease) Token() Token { return l.token }
 
 // Done returns a channel that is closed when the lease ends: released, lost,
 // or ended by [Client.Close].
-func (l *Lease) Done() <-chan struct{} {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.done == nil {
-		l.done = make(chan struct{})
-	}
-	return l.done
-}
+func (l *Lease) Done() <-chan struct{} { return l.made(&l.done) }
 
 // Lost returns a channel that is closed when the lease is lost, never on a
 // clean release. It is closed at the lease's local deadline, before any
 // other client can acquire the key, unless the process was paused past it
 // (which is what fencing tokens are for).
-func (l *Lease) Lost() <-chan struct{} {
+func (l *Lease) Lost() <-chan struct{} { return l.made(&l.lost) }
+
+// made returns *ch, l.done or l.lost, making it on the first call (end
+// closes it, or marks it closed if it was never made).
+func (l *Lease) made(ch *chan struct{}) chan struct{} {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.lost == nil {
-		l.lost = make(chan struct{})
+	if *ch == nil {
+		*ch = make(chan struct{})
 	}
-	return l.lost
+	return *ch
 }
 
 // Err returns nil while the lease is held; after it ends, [ErrReleased] or

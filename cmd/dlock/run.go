@@ -123,10 +123,8 @@ func (r *runner) run() int {
 	// The wait for the key runs under the job's trace context, if any:
 	// with no recording span, the hold stores it, and names the job's
 	// trace (Holders, dlock status).
-	ctx := context.Background()
-	if r.parent = traceParent(r.verb); r.parent.IsValid() {
-		ctx = trace.ContextWithRemoteSpanContext(ctx, r.parent)
-	}
+	r.parent = traceParent(r.verb)
+	ctx := r.inJob(context.Background())
 
 	// Connect and take the lock in a goroutine, so that a signal can stop
 	// the wait; the goroutine ends when acquire returns, which the
@@ -348,11 +346,7 @@ func startCommand(cmd *exec.Cmd) (<-chan error, error) {
 // bounded: a release that gets no answer leaves the key to free itself a
 // TTL later. The release runs in the job's trace, as the wait did.
 func (r *runner) close() {
-	ctx := context.Background()
-	if r.parent.IsValid() {
-		ctx = trace.ContextWithRemoteSpanContext(ctx, r.parent)
-	}
-	ctx, cancel := context.WithTimeout(ctx, max(r.flags.ttl, time.Second))
+	ctx, cancel := context.WithTimeout(r.inJob(context.Background()), max(r.flags.ttl, time.Second))
 	defer cancel()
 	if r.lease != nil {
 		lease := r.lease

@@ -96,3 +96,13 @@ func (r *runner) exportTraces() {
 		fmt.Fprintf(os.Stderr, "dlock %s: traces not exported: %v\n", r.verb, err)
 	}
 }
+
+// inJob returns ctx in the job's trace context (TRACEPARENT), if run has
+// one: its calls to dlock are then spans of the job's trace, or, with no
+// recording span, holds that store the job's trace context.
+func (r *runner) inJob(ctx context.Context) context.Context {
+	if !r.parent.IsValid() {
+		return ctx
+	}
+	return trace.ContextWithRemoteSpanContext(ctx, r.parent)
+}
