@@ -140,6 +140,11 @@ func (h *hooked) remove(ctx context.Context, recs []idleRecord) (n int, err erro
 	return n, err
 }
 
+func (h *hooked) mark(ctx context.Context, ref leaseRef, sleep bool) (r record, err error) {
+	err = h.run(ctx, "mark", func() (err error) { r, err = h.store.mark(ctx, ref, sleep); return err })
+	return r, err
+}
+
 func (h *hooked) register(ctx context.Context, a attempt) (r record, err error) {
 	err = h.run(ctx, "register", func() (err error) { r, err = h.store.register(ctx, a); return err })
 	return r, err
@@ -195,7 +200,7 @@ func applyThenHang(ctx context.Context, call func() error) error {
 
 // storeOps names every operation of the store interface.
 var storeOps = []string{"acquire", "handoff", "extend", "release", "setData", "releaseAll", "abandon", "read",
-	"floor", "idle", "raiseFloor", "remove", "register", "requeue", "reap", "serverTime"}
+	"floor", "idle", "raiseFloor", "remove", "register", "mark", "requeue", "reap", "serverTime"}
 
 // stop makes every operation hang, as a crashed or cut-off process's
 // would, until the returned restart is called (or the test ends).

@@ -484,6 +484,14 @@ func (s *countingStore) acquire(ctx context.Context, a attempt, takeover stamp) 
 	return r, err
 }
 
+func (s *countingStore) mark(ctx context.Context, ref leaseRef, sleep bool) (record, error) {
+	s.n.add("mark")
+	sent := time.Now()
+	r, err := s.store.mark(ctx, ref, sleep)
+	s.trace.note(s.client, "mark", sent, r, err)
+	return r, err
+}
+
 func (s *countingStore) register(ctx context.Context, a attempt) (record, error) {
 	s.n.add("register")
 	sent := time.Now()

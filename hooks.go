@@ -28,5 +28,6 @@ const (
 	flawReapLive                  // a waiter clears shared holds and registrations without waiting out their TTL
 	flawUnfair                    // exclusive waiters do not queue in the document: every poll races (dlock before fair queueing)
 	flawQueueJump                 // exclusive waiters register in the queue, but every attempt ignores it
+	flawPassAsSeen                // a claim passes the waiters it last saw asleep, whether they still are or not: the server does not check that they are
 	flawKeepAlways                // an Unlock under contention keeps its hold even when its Lock took a kept one (then with no spare token, so the next Lock takes it by a handoff write past the queue): a Client takes every turn in a row
 )

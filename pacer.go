@@ -34,6 +34,11 @@ type pacer interface {
 	// (planTurn, planHead): the liveness bounds hold whatever it answers,
 	// a plan aimed hours late included (Client.acquire's watches' check).
 	aim(tp turnPlan) turnPlan
+	// doze says whether a registered waiter with ahead waiters ahead of
+	// it, its registration marked asleep or not, changes its mark (change)
+	// to sleep: the queue's order, exclusion and the liveness bounds hold
+	// whatever it answers, as the key never waits for a sleeper.
+	doze(ahead int, asleep bool) (sleep, change bool)
 }
 
 // A rule is one of the pacing rules that a pacer may follow, each for
@@ -46,6 +51,7 @@ const (
 	ruleTurnPlan                  // a requeued wait sleeps until its turn is due (planTurn)
 	ruleHeadPlan                  // a head that saw the hold it waits for begin sleeps until it is due to end (planHead)
 	rulePeriod                    // registered waits poll at fractions of how often the key changes hands (schedule.next)
+	ruleSleep                     // a waiter far back marks its registration asleep and sleeps by its place (byPlace)
 )
 
 // rulesPacer is dlock's pacer: every rule, each sleep as the rules propose.
@@ -57,6 +63,26 @@ func (rulesPacer) uses(rule) bool { return true }
 
 func (rulesPacer) aim(tp turnPlan) turnPlan { return tp }
 
+func (rulesPacer) doze(ahead int, asleep bool) (sleep, change bool) { return byPlace(ahead, asleep) }
+
+// byPlace is ruleSleep: a waiter is awake while fewer than awakePlaces
+// waiters are ahead of it (the head, and the next), and marks its
+// registration asleep once it sees sleepPlaces or more ahead. Between the
+// two it keeps its mark, so a registration changes it at most once each
+// way: the waiters ahead only ever leave.
+func byPlace(ahead int, asleep bool) (sleep, change bool) {
+	if asleep {
+		return false, ahead < awakePlaces
+	}
+	return true, ahead >= sleepPlaces
+}
+
+// The places in the queue that stay awake (byPlace).
+const (
+	awakePlaces = 4
+	sleepPlaces = 8
+)
+
 // A pacing is what rulesPacer's rules remember of one primitive's waits
 // and holds: its last wait (lastWait), its key's queue and token counters
 // as last seen, how long turns and holds last. Every field, and every
@@ -65,6 +91,7 @@ type pacing struct {
 	mu      sync.Mutex
 	last    lastWait      // guarded by mu
 	queue   int64         // guarded by mu
+	waiting int           // guarded by mu: how many waiters were registered, as last seen
 	counter counterSeen   // guarded by mu: the token counter as last seen to change, and when (sent: when the reply came)
 	every   time.Duration // guarded by mu: how often the key changes hands, estimated
 	turn    time.Duration // guarded by mu: a requeued wait's turn, per waiter ahead, as learnt (planTurn)
@@ -154,11 +181,25 @@ func (p *pacing) queueGuess() int64 {
 // (docs/fairness.md prices it).
 const queueSlack = 64
 
-// sawQueue records the key's queue counter q.
-func (p *pacing) sawQueue(q int64) {
+// sawQueue records the key's queue counter q and the number of waiters
+// registered, n.
+func (p *pacing) sawQueue(q int64, n int) {
 	p.mu.Lock()
-	p.queue = q
+	p.queue, p.waiting = q, n
 	p.mu.Unlock()
+}
+
+// sleepy reports whether a registration for a key of kind made now
+// starts asleep: as rules' doze says for the waiters its primitive last
+// saw registered, who would all be ahead of it. An RWMutex's writers
+// never sleep: their registrations keep readers out, so a sleeping one
+// would hold up a free key.
+func (p *pacing) sleepy(rules pacer, kind string) bool {
+	p.mu.Lock()
+	n := p.waiting
+	p.mu.Unlock()
+	sleep, change := rules.doze(n, false)
+	return kind != kindRW && sleep && change
 }
 
 // start returns the backoff of a wait that begins at now (lastWait).
@@ -224,8 +265,10 @@ func (s *schedule) spares() bool { return s.rules.uses(ruleKeep) && s.p.spare(s.
 
 // attempts reports whether the wait's next command is an acquire attempt
 // rather than a read: at the head of the queue (or unregistered), or when
-// its plan's attempts are due.
-func (s *schedule) attempts(now time.Time, head bool) bool { return head || s.plan.due(now) }
+// its plan's attempts are due, asleep or not.
+func (s *schedule) attempts(now time.Time, head bool) bool {
+	return head || s.plan.due(now)
+}
 
 // registered notes the reply r to the wait's own write (its registration,
 // or the requeue that made it), sent at sent and answered at answered.
@@ -284,7 +327,7 @@ func (s *schedule) failed() { s.plan.on = false }
 func (s *schedule) took(r record, sent, now time.Time, rtt time.Duration, kept, registered bool) {
 	p := s.p
 	p.sawToken(r.Token, now)
-	p.sawQueue(r.Queue)
+	p.sawQueue(r.Queue, len(r.Waiters))
 	p.tookTurn(s.plan, now)
 	p.took(sent, now, rtt, kept)
 	if s.polls != nil || registered {
@@ -300,11 +343,12 @@ func (s *schedule) ended(now time.Time) {
 }
 
 // next returns how long the wait sleeps before its next round, at now,
-// registered or not, at the head or not: as its plan says; or, registered,
+// registered or not, at the head or not, its registration marked asleep
+// or not: as its plan says; or, asleep, by its place; or, registered,
 // paced by how often the key changes hands (period); or, registered or
 // shared, by how long it has stood still, once that is a TTL (limit); or
 // on the backoff.
-func (s *schedule) next(now time.Time, registered, head bool) time.Duration {
+func (s *schedule) next(now time.Time, registered, head, asleep bool) time.Duration {
 	cfg := s.cfg
 	if s.polls == nil {
 		p := s.p.start(now, cfg)
@@ -318,6 +362,14 @@ func (s *schedule) next(now time.Time, registered, head bool) time.Duration {
 		if s.plan.head { // a head's plan keeps within the backoff's bounds: see WithBackoff
 			d = min(d, cfg.maxBackoff)
 		}
+	case asleep:
+		// No free key waits for it (record.queueOpen), so it sleeps by its
+		// place: half the turns until it is among the awakePlaces, or half
+		// as long as the key stood still, whichever is longer.
+		if period > 0 && s.ahead >= awakePlaces {
+			d = max(d, time.Duration(s.ahead-awakePlaces+1)*period/2)
+		}
+		d = max(d, s.p.still(now)/2)
 	case !s.rules.uses(rulePeriod):
 	case s.share && s.p.still(now) >= cfg.ttl:
 		// A shared wait, unqueued, as the head does (below).
@@ -338,15 +390,10 @@ func (s *schedule) next(now time.Time, registered, head bool) time.Duration {
 		d = min(d, max(period/2, cfg.minBackoff/4))
 	case s.p.still(now) >= cfg.ttl:
 		// The key has stood still for a TTL: the longer it stands still,
-		// the longer the sleep, up to the limit; two or more places back
-		// half as long as it stood still, at the head and next a
-		// sixteenth, so that they see the hold end within about a
-		// sixteenth of how long it lasted.
-		part := time.Duration(16)
-		if !head && s.ahead >= 2 {
-			part = 2
-		}
-		d = max(d, s.p.still(now)/part)
+		// the longer the sleep, up to the limit: a sixteenth of how long
+		// it stood still, so that the waiters awake see the hold end
+		// within about a sixteenth of how long it lasted.
+		d = max(d, s.p.still(now)/16)
 	case !head:
 		// No period known (the counter seen once, or still for a TTL):
 		// behind a waiter that may be slow to come, read no more often
@@ -372,8 +419,8 @@ func (s *schedule) next(now time.Time, registered, head bool) time.Duration {
 // the key waits for it (TestHeadAfterWaitersAheadLeft). The liveness
 // bounds do not rest on it: the watches of the holder and of the waiters
 // ahead wake a wait when one may be cleared.
-func (s *schedule) limit(now time.Time, registered bool) time.Duration {
-	if !(registered || s.share) || s.p.still(now) < s.cfg.ttl {
+func (s *schedule) limit(now time.Time, registered, asleep bool) time.Duration {
+	if !asleep && (!(registered || s.share) || s.p.still(now) < s.cfg.ttl) {
 		return maxSleep(s.cfg)
 	}
 	return max(s.cfg.ttl/4, maxSleep(s.cfg))

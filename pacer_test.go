@@ -15,13 +15,16 @@ func (backoffPacer) uses(rule) bool { return false }
 
 func (backoffPacer) aim(tp turnPlan) turnPlan { return tp }
 
+func (backoffPacer) doze(int, bool) (bool, bool) { return false, false }
+
 // randomPacer answers at random: any sleep up to max, which may be beyond
 // the cap that waitPoll puts on every sleep (maxSleep), with or without
 // the rules' plans. Without the cap, the crashed-holder bound of
 // TestRequeuedWaitCrashAhead fails with it.
 type randomPacer struct {
-	max  time.Duration
-	plan bool
+	max   time.Duration
+	plan  bool
+	marks bool // marks registrations asleep and awake at random, whatever their place
 }
 
 func (p randomPacer) sleep(_, _ time.Duration) time.Duration {
@@ -29,6 +32,16 @@ func (p randomPacer) sleep(_, _ time.Duration) time.Duration {
 }
 
 func (p randomPacer) uses(rule) bool { return p.plan }
+
+// doze, with marks, marks a registration asleep or awake at random,
+// whatever its place; otherwise as dlock's pacer does. (The liveness
+// scenes set their queues up in order, which a sleeper lets others pass.)
+func (p randomPacer) doze(ahead int, asleep bool) (bool, bool) {
+	if !p.marks {
+		return byPlace(ahead, asleep)
+	}
+	return rand.IntN(2) == 0, rand.IntN(2) == 0
+}
 
 // aim, with plans, aims half of them at once and half up to a day late,
 // with retries up to an hour apart (see stalePlans).
@@ -54,6 +67,8 @@ func (stalePlans) sleep(proposed, _ time.Duration) time.Duration { return propos
 
 func (stalePlans) uses(rule) bool { return true }
 
+func (stalePlans) doze(ahead int, asleep bool) (bool, bool) { return byPlace(ahead, asleep) }
+
 func (p stalePlans) aim(tp turnPlan) turnPlan {
 	if tp.on {
 		tp.next, tp.retry = tp.joined.Add(p.late), p.retry
@@ -69,6 +84,13 @@ func (withoutRule) sleep(proposed, _ time.Duration) time.Duration { return propo
 func (p withoutRule) uses(r rule) bool { return r != p.off }
 
 func (withoutRule) aim(tp turnPlan) turnPlan { return tp }
+
+func (p withoutRule) doze(ahead int, asleep bool) (bool, bool) {
+	if p.off == ruleSleep {
+		return false, false
+	}
+	return byPlace(ahead, asleep)
+}
 
 // pacers are the pacers every liveness bound must hold for.
 func pacers() []struct {
@@ -97,4 +119,4 @@ type namedRule struct {
 }
 
 // namedRules are the rules the benchmarks price by switching each off.
-var namedRules = []namedRule{{"keep", ruleKeep}, {"requeue", ruleRequeue}, {"turn-plan", ruleTurnPlan}, {"head-plan", ruleHeadPlan}, {"period", rulePeriod}}
+var namedRules = []namedRule{{"keep", ruleKeep}, {"requeue", ruleRequeue}, {"turn-plan", ruleTurnPlan}, {"head-plan", ruleHeadPlan}, {"period", rulePeriod}, {"sleep", ruleSleep}}

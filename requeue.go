@@ -62,6 +62,7 @@ func (lo *leftover) byHandoff(cl claim) bool { return lo.handoff || lo.pace != c
 func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) {
 	a := cl.attempt
 	a.owner, a.hold, a.queue = c.owner, c.holdIDs.Add(1), cl.pace.queueGuess()
+	a.sleep = cl.pace.sleepy(c.pacer, a.kind)
 	sent := c.clock.Now()
 	r, err := c.store.requeue(ctx, l.ref(), a)
 	if errors.Is(err, errNotOwner) { // perhaps a stale counter: once, guess again (see queueSlack)
@@ -77,7 +78,7 @@ func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) 
 		c.dropRegistration(a)
 		return true, err
 	}
-	cl.pace.sawQueue(r.Queue)
+	cl.pace.sawQueue(r.Queue, len(r.Waiters))
 	reg := c.registration(cl.cfg, a, sent)
 	lo := &leftover{lease: reg, a: a, pace: cl.pace, r: r, at: at, busy: at.Sub(cl.pace.batchSince(l.acquired)), taken: make(chan struct{})}
 	if !c.ext.add(reg) || !c.leaveFor(cl, lo) {

@@ -207,13 +207,14 @@ const (
 	opRaiseFloor
 	opRemove
 	opRegister
+	opMark
 	opReap
 	opRead
 	opServerTime
 	scaleOps
 )
 
-var scaleOpNames = [scaleOps]string{"acquire", "handoff", "extend", "release", "requeue", "setData", "releaseAll", "abandon", "floor", "idle", "raiseFloor", "remove", "register", "reap", "read", "serverTime"}
+var scaleOpNames = [scaleOps]string{"acquire", "handoff", "extend", "release", "requeue", "setData", "releaseAll", "abandon", "floor", "idle", "raiseFloor", "remove", "register", "mark", "reap", "read", "serverTime"}
 
 // scaleCounts counts the commands of a row's Clients: all of them, and by
 // kind.
@@ -358,6 +359,12 @@ func (l *scaleLink) remove(ctx context.Context, recs []idleRecord) (int, error) 
 	l.send(opRemove)
 	defer l.back()
 	return l.st.remove(ctx, recs)
+}
+
+func (l *scaleLink) mark(ctx context.Context, ref leaseRef, sleep bool) (record, error) {
+	l.send(opMark)
+	defer l.back()
+	return l.st.mark(ctx, ref, sleep)
 }
 
 func (l *scaleLink) register(ctx context.Context, a attempt) (record, error) {

@@ -333,6 +333,10 @@ func (l *simLink) abandon(ctx context.Context, a attempt) error {
 	return err
 }
 
+func (l *simLink) mark(ctx context.Context, ref leaseRef, sleep bool) (record, error) {
+	return send(l, ctx, func(ctx context.Context) (record, error) { return l.st.mark(ctx, ref, sleep) })
+}
+
 func (l *simLink) register(ctx context.Context, a attempt) (record, error) {
 	return send(l, ctx, func(ctx context.Context) (record, error) { return l.st.register(ctx, a) })
 }
@@ -647,10 +651,11 @@ type simChecker struct {
 // queueOrder checks one write to key, from the store's observe hook (with
 // the store's mu held), for overtaking: once a waiter W is registered,
 // until its entry leaves the record, every new exclusive hold (a write
-// that gives the record a new (Owner, Hold)) must be W's own or that of a
-// waiter registered before W and registered ever since (the store lets an
-// unregistered attempt take the key only when nobody is registered, and a
-// registered one only when everyone registered before it has gone). A
+// that gives the record a new (Owner, Hold)) must be W's own, or that of a
+// waiter registered before W and registered ever since, or made while W
+// was marked asleep (the store lets an unregistered attempt take the key
+// only when nobody is registered, and a registered one only when everyone
+// registered before it has gone or is asleep). A
 // waiter whose entry is written again with a new queue number (its
 // registration was lost, and it registered again) counts as registered
 // anew, behind everyone there. A kept hold (keep.go) is no new hold of the
@@ -691,7 +696,7 @@ func (k *simChecker) queueOrder(key string, before, after record) {
 				continue
 			}
 			checked = true
-			if !ahead[holder] {
+			if !ahead[holder] && !before.Waiters[w].Sleep {
 				k.fail("%s (hold %d, token %d) overtook waiter %s (hold %d, queue number %d) on %q, which had %d still registered ahead of it",
 					after.Owner, after.Hold, after.Token, e.Owner, e.Hold, e.Q, key, len(ahead))
 			}
@@ -1237,7 +1242,7 @@ func TestSimulation(t *testing.T) {
 func drawPacer(t *rapid.T) pacer {
 	switch rapid.IntRange(0, 3).Draw(t, "pacer") {
 	case 0:
-		return randomPacer{max: 2 * maxSleep(&config{maxBackoff: DefaultMaxBackoff}), plan: rapid.Bool().Draw(t, "randomPlans")}
+		return randomPacer{max: 2 * maxSleep(&config{maxBackoff: DefaultMaxBackoff}), plan: rapid.Bool().Draw(t, "randomPlans"), marks: rapid.Bool().Draw(t, "randomMarks")}
 	case 1:
 		return backoffPacer{}
 	}
@@ -1296,9 +1301,21 @@ func calm(p *simPlan) {
 	}
 }
 
+// dozy paces the run's waits with randomPacer, which marks registrations
+// asleep and awake at random whatever their place: many more passes, and
+// wakes, than dlock's pacer makes with the simulation's few Clients.
+func dozy(p *simPlan) {
+	calm(p)
+	p.pacer = randomPacer{max: 2 * maxSleep(&config{maxBackoff: DefaultMaxBackoff}), plan: true, marks: true}
+}
+
 // TestSimulationPacers runs the simulation with each pacer alone.
 func TestSimulationPacers(t *testing.T) {
-	for _, tc := range pacers() {
+	marks := struct {
+		name  string
+		pacer pacer
+	}{"random with random marks", randomPacer{max: 2 * maxSleep(&config{maxBackoff: DefaultMaxBackoff}), plan: true, marks: true}}
+	for _, tc := range append(pacers(), marks) {
 		t.Run(tc.name, func(t *testing.T) {
 			rapid.Check(t, func(rt *rapid.T) {
 				plan := drawSimPlan(rt, MaxClockDrift, simAny)
@@ -1358,6 +1375,7 @@ func TestSimulationCatchesFlaws(t *testing.T) {
 		{"shared deadline counted from the reply (RWMutex)", flawDeadlineFromReply, nil, MaxClockDrift, simRW, 3000, nil},
 		{"waiters jump the queue", flawQueueJump, nil, MaxClockDrift, simMutex, 100, nil},
 		{"an Unlock keeps the key turn after turn", flawKeepAlways, nil, MaxClockDrift, simMutex, 3000, calm},
+		{"a claim passes waiters it saw asleep without the server checking", flawPassAsSeen, nil, MaxClockDrift, simMutex, 5000, dozy},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			runs, found := 0, ""

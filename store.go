@@ -42,6 +42,7 @@ type entry struct {
 	Data  []byte
 	Epoch int64
 	Q     int64     // a waiter's queue number: waiters take the key in its order
+	Sleep bool      // a waiter marked asleep: a claim may pass it (record.queueOpen)
 	Trace holdTrace // a shared hold's trace context, or none (a registration has none)
 
 	// Stored is a registration's value exactly as the store keeps it,
@@ -80,7 +81,9 @@ func (r record) holds(ref leaseRef) bool {
 }
 
 // queueOpen reports whether the registered waiters let attempt a take the
-// key when it is free (see attempt and queueGate).
+// key when it is free (see attempt and queueGate): a registered attempt
+// passes the waiters ahead of it that are marked asleep, never one that
+// is awake.
 func (r record) queueOpen(a attempt) bool {
 	switch {
 	case a.pastQueue:
@@ -91,24 +94,24 @@ func (r record) queueOpen(a attempt) bool {
 	if e, ok := r.Waiters[a.holdKey()]; !ok || e.Hold != a.hold {
 		return false
 	}
-	for _, hk := range a.ahead {
-		if _, ok := r.Waiters[hk]; ok {
+	for hk, q := range a.ahead {
+		if e, ok := r.Waiters[hk]; ok && !(e.Sleep && e.Q == q) {
 			return false
 		}
 	}
 	return true
 }
 
-// ahead returns the hold keys of the waiters registered in r before the
-// one with queue number q.
-func (r record) ahead(q int64) []string {
-	var hks []string
+// ahead returns the waiters registered in r before the one with queue
+// number q: their queue numbers by hold key.
+func (r record) ahead(q int64) map[string]int64 {
+	ahead := map[string]int64{}
 	for hk, e := range r.Waiters {
 		if e.Q < q {
-			hks = append(hks, hk)
+			ahead[hk] = e.Q
 		}
 	}
-	return hks
+	return ahead
 }
 
 // entries returns the sub-document of entries of role.
@@ -293,13 +296,14 @@ type attempt struct {
 	token  Token // the key's token counter as last seen: a shared acquire is a compare-and-set on it
 
 	// An exclusive hold of a registered waiter: the registration ends
-	// with the acquire, which may take the key only once the waiters
-	// registered before it (ahead, by hold key) have left the queue.
+	// with the acquire, which may take the key only once each waiter
+	// registered before it (ahead) has left the queue or is marked
+	// asleep, with the queue number it was seen with.
 	// Unregistered, an exclusive acquire takes a free key only when no
 	// waiter is registered. pastQueue lets it pass the queue: a keep's
 	// own handoff (keep.go), and the flaws that ignore the queue.
 	registered bool
-	ahead      []string
+	ahead      map[string]int64 // by hold key: the queue number seen, which a pass names
 	pastQueue  bool
 
 	// raw: the reply that made the hold showed a raw record, so its
@@ -314,6 +318,9 @@ type attempt struct {
 	// A registration takes queue number queue+1: a compare-and-set on the
 	// record's queue counter, as last seen (or a guess above it).
 	queue int64
+
+	// sleep: the registration is made marked asleep (register, requeue).
+	sleep bool
 }
 
 func (a attempt) holdKey() string { return holdKey(a.owner, a.hold) }
@@ -334,7 +341,7 @@ type store interface {
 	// acquire makes a.owner the holder of a.key with a new token and hold
 	// id a.hold if the record is absent, already held by this very attempt
 	// (same owner and hold), or, when no waiter ahead of a is registered
-	// (see attempt), free or still in state takeover (the zero stamp for
+	// awake (see attempt), free or still in state takeover (the zero stamp for
 	// none). A shared attempt (a.shared) instead adds a shared
 	// hold, with token a.token+1, if the record is absent, or of a's kind
 	// with its counter still at a.token and room for it (record.sharable).
@@ -383,13 +390,18 @@ type store interface {
 	// revision and token, in one write command (or a few, as extend), and returns how many it
 	// deleted.
 	remove(ctx context.Context, recs []idleRecord) (int, error)
+	// mark marks ref's registration asleep or awake, if it is still
+	// there, and returns the record written; errNotOwner otherwise. It
+	// leaves the revision and the epoch alone.
+	mark(ctx context.Context, ref leaseRef, sleep bool) (record, error)
 	// register records attempt a as waiting for the exclusive hold of its
 	// key, with queue number a.queue+1, if the record exists, is of a's
 	// kind and its queue counter is at most a.queue (it becomes a.queue+1,
-	// so numbers only grow, in the order of registration); it returns the
-	// record written, or errHeld. While registered, a waiter is owed the key
-	// before every waiter registered after it, and no new shared hold is
-	// taken.
+	// so numbers only grow, in the order of registration), marked asleep
+	// if a.sleep; it returns the record written, or errHeld. While
+	// registered and awake, a waiter is owed the key before every waiter
+	// registered after it; while registered, asleep or not, no new shared
+	// hold is taken.
 	register(ctx context.Context, a attempt) (record, error)
 	// reap removes, in one write, entries whose epochs show their owners
 	// stopped extending them; all or nothing: false when any has changed.

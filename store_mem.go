@@ -152,7 +152,25 @@ func (r *record) enqueue(a attempt) {
 		r.Waiters = map[string]entry{}
 	}
 	r.Queue = a.queue + 1
-	r.Waiters[a.holdKey()] = entry{Owner: a.owner, Hold: a.hold, TTL: a.ttl, Epoch: rand.Int64N(1 << 62), Q: r.Queue}
+	r.Waiters[a.holdKey()] = entry{Owner: a.owner, Hold: a.hold, TTL: a.ttl, Epoch: rand.Int64N(1 << 62), Q: r.Queue, Sleep: a.sleep}
+}
+
+func (s *memStore) mark(ctx context.Context, ref leaseRef, sleep bool) (record, error) {
+	if err := s.begin(ctx); err != nil {
+		return record{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.holds(ref)
+	if !ok || ref.role != roleWaiter {
+		return record{}, errNotOwner
+	}
+	hk := holdKey(ref.owner, ref.hold)
+	e := r.Waiters[hk]
+	e.Sleep = sleep
+	r.Waiters[hk] = e
+	r.Rev-- // a registration is not a hold: its mark leaves the revision alone
+	return s.write(ref.key, r), nil
 }
 
 func (s *memStore) requeue(ctx context.Context, ref leaseRef, next attempt) (record, error) {
@@ -437,6 +455,13 @@ func (l *memLink) handoff(ctx context.Context, ref leaseRef, next attempt) (reco
 		return record{}, err
 	}
 	return l.memStore.handoff(ctx, ref, next)
+}
+
+func (l *memLink) mark(ctx context.Context, ref leaseRef, sleep bool) (record, error) {
+	if err := l.check(ctx); err != nil {
+		return record{}, err
+	}
+	return l.memStore.mark(ctx, ref, sleep)
 }
 
 func (l *memLink) register(ctx context.Context, a attempt) (record, error) {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -43,6 +44,7 @@ const (
 	fH     = "h"  // shared holds by hold key
 	fW     = "w"  // registered waiters by hold key
 	fQueue = "wq" // the greatest queue number handed out
+	fSleep = "z"  // the registrations marked asleep: hold key to queue number
 	fFloor = "floor"
 )
 
@@ -78,6 +80,7 @@ type lockDoc struct {
 	H     map[string]entryDoc      `bson:"h"`
 	W     map[string]bson.RawValue `bson:"w"` // registrations: see waiterValue
 	Queue int64                    `bson:"wq"`
+	Z     map[string]int64         `bson:"z"` // registrations marked asleep, by hold key: their queue numbers
 }
 
 // entryDoc is the stored form of a shared hold's entry, and of a
@@ -96,7 +99,21 @@ type entryDoc struct {
 
 func (d lockDoc) record() record {
 	return record{Owner: d.Owner, Token: Token(d.Token), Rev: d.Rev, TTL: time.Duration(d.TTL) * time.Millisecond, At: d.At, Hold: d.Hold, Raw: d.Raw,
-		Data: d.Data, Trace: traceFrom(d.TC, d.Owner, d.Hold), Kind: d.Kind, Shared: entries(d.H), Waiters: decodeWaiters(d.W), Queue: d.Queue}
+		Data: d.Data, Trace: traceFrom(d.TC, d.Owner, d.Hold), Kind: d.Kind, Shared: entries(d.H), Waiters: asleep(decodeWaiters(d.W), d.Z), Queue: d.Queue}
+}
+
+// asleep marks the registrations in w that z marks asleep: those whose
+// queue number z names (a mark names the registration it was written
+// for, so one left behind by a Client that did not remove it marks no
+// later registration under the same hold key).
+func asleep(w map[string]entry, z map[string]int64) map[string]entry {
+	for hk, q := range z {
+		if e, ok := w[hk]; ok && e.Q == q && q != 0 {
+			e.Sleep = true
+			w[hk] = e
+		}
+	}
+	return w
 }
 
 // traceLen is the length of a stored trace context (traceValue).
@@ -338,12 +355,8 @@ func held(ref leaseRef) bson.D {
 	switch {
 	case ref.role == roleExclusive:
 		return bson.D{id, {Key: fOwner, Value: ref.owner}, {Key: fHold, Value: ref.hold}}
-	case ref.role == roleWaiter:
-		// Its string begins with its queue number, its token. A regular
-		// expression, not a range of strings: a collection's default
-		// collation may order ':' and ';' otherwise.
-		q := strconv.FormatInt(int64(ref.token), 10)
-		return bson.D{id, {Key: entry, Value: bson.D{{Key: "$regex", Value: "^" + q + ":"}}}}
+	case ref.role == roleWaiter: // its token is its queue number
+		return bson.D{id, {Key: entry, Value: queueNumber(int64(ref.token))}}
 	case ref.raw: // the entry's t may still be unwritten (leaseRef.raw)
 		return bson.D{id, {Key: entry, Value: bson.D{{Key: "$exists", Value: true}}}}
 	}
@@ -408,8 +421,13 @@ func ending(ref leaseRef) bson.D {
 	if ref.role == roleExclusive {
 		return free
 	}
+	hk := holdKey(ref.owner, ref.hold)
+	unset := bson.D{{Key: path(sub(ref.role), hk), Value: ""}}
+	if ref.role == roleWaiter {
+		unset = append(unset, bson.E{Key: path(fSleep, hk), Value: ""})
+	}
 	update := bson.D{
-		{Key: "$unset", Value: bson.D{{Key: path(sub(ref.role), holdKey(ref.owner, ref.hold)), Value: ""}}},
+		{Key: "$unset", Value: unset},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}
 	if ref.role == roleShared { // a registration is not a hold: its end leaves the revision alone
@@ -447,7 +465,7 @@ func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover stamp) (re
 		update[0].Value = append(update[0].Value.(bson.D), bson.E{Key: fH, Value: bson.D{}}, bson.E{Key: fN, Value: 0})
 	}
 	if a.registered {
-		unset = append(unset, bson.E{Key: path(fW, a.holdKey()), Value: ""})
+		unset = append(unset, bson.E{Key: path(fW, a.holdKey()), Value: ""}, bson.E{Key: path(fSleep, a.holdKey()), Value: ""})
 	}
 	if a.trace.valid() {
 		update[0].Value = append(update[0].Value.(bson.D), bson.E{Key: fTrace, Value: traceValue(a.trace, a.owner, a.hold)})
@@ -494,10 +512,24 @@ func queueGate(a attempt) bson.D {
 		return bson.D{{Key: fW, Value: emptyOrNone}}
 	}
 	gate := bson.D{{Key: path(fW, a.holdKey()), Value: bson.D{{Key: "$exists", Value: true}}}}
-	for _, hk := range a.ahead {
-		gate = append(gate, bson.E{Key: path(fW, hk), Value: bson.D{{Key: "$exists", Value: false}}})
+	var passed bson.A
+	for _, hk := range slices.Sorted(maps.Keys(a.ahead)) {
+		gone := bson.D{{Key: path(fW, hk), Value: bson.D{{Key: "$exists", Value: false}}}}
+		q := a.ahead[hk]
+		sleeping := bson.D{{Key: path(fSleep, hk), Value: q}, {Key: path(fW, hk), Value: queueNumber(q)}}
+		passed = append(passed, bson.D{{Key: "$or", Value: bson.A{gone, sleeping}}})
+	}
+	if passed != nil {
+		gate = append(gate, bson.E{Key: "$and", Value: passed})
 	}
 	return gate
+}
+
+// queueNumber matches a registration whose queue number is q: its string
+// begins with it. A regular expression, not a range of strings: a
+// collection's default collation may order ':' and ';' otherwise.
+func queueNumber(q int64) bson.D {
+	return bson.D{{Key: "$regex", Value: "^" + strconv.FormatInt(q, 10) + ":"}}
 }
 
 func (s *mongoStore) upsert(ctx context.Context, key string, filter, update bson.D) (record, error) {
@@ -595,6 +627,8 @@ func (s *mongoStore) reap(ctx context.Context, key string, at stamp, stale []sta
 			unset = append(unset, bson.E{Key: path(sub(e.role), e.key), Value: ""})
 			if e.role == roleShared {
 				shared++
+			} else {
+				unset = append(unset, bson.E{Key: path(fSleep, e.key), Value: ""})
 			}
 		}
 		update = bson.D{
@@ -702,7 +736,24 @@ func queueAtMost(q int64) bson.E {
 // a.queue+1, which also becomes the queue counter.
 func (s *mongoStore) registration(a attempt) bson.D {
 	q := a.queue + 1
-	return bson.D{{Key: fQueue, Value: q}, {Key: path(fW, a.holdKey()), Value: waiterValue(q, a.ttl, s.epoch())}}
+	set := bson.D{{Key: fQueue, Value: q}, {Key: path(fW, a.holdKey()), Value: waiterValue(q, a.ttl, s.epoch())}}
+	if a.sleep {
+		set = append(set, bson.E{Key: path(fSleep, a.holdKey()), Value: q})
+	}
+	return set
+}
+
+func (s *mongoStore) mark(ctx context.Context, ref leaseRef, sleep bool) (record, error) {
+	e := bson.E{Key: path(fSleep, holdKey(ref.owner, ref.hold)), Value: int64(ref.token)}
+	op := "$set"
+	if !sleep {
+		op, e.Value = "$unset", ""
+	}
+	update := bson.D{ // a registration is not a hold: its mark leaves the revision alone
+		{Key: op, Value: bson.D{e}},
+		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
+	}
+	return s.modify(ctx, held(ref), update, "mark a waiter of", ref.key)
 }
 
 func (s *mongoStore) requeue(ctx context.Context, ref leaseRef, next attempt) (record, error) {

@@ -32,8 +32,14 @@ func tableStates() map[string]*record {
 		"held raw": {Owner: "o1", Hold: 7, Token: 1, Rev: 1, TTL: time.Second, Raw: true},
 		// The next life of "held"'s key, held by the same owner: its raw
 		// counter shows the token of "held"'s hold (old).
-		"next life":     {Owner: "o1", Hold: 12, Token: 3, Rev: 1, TTL: time.Second, Raw: true},
-		"free waiter":   {Token: 3, Rev: 5, Queue: 1, Waiters: map[string]entry{hk("o2", 9): {Owner: "o2", Hold: 9, TTL: time.Second, Q: 1}}},
+		"next life":   {Owner: "o1", Hold: 12, Token: 3, Rev: 1, TTL: time.Second, Raw: true},
+		"free waiter": {Token: 3, Rev: 5, Queue: 1, Waiters: map[string]entry{hk("o2", 9): {Owner: "o2", Hold: 9, TTL: time.Second, Q: 1}}},
+		// Two waiters, the first marked asleep or not (the second may pass
+		// it only while it is).
+		"free, first waiter asleep": {Token: 3, Rev: 5, Queue: 2, Waiters: map[string]entry{
+			hk("o2", 9): {Owner: "o2", Hold: 9, TTL: time.Second, Q: 1, Sleep: true}, hk("o6", 3): {Owner: "o6", Hold: 3, TTL: time.Second, Q: 2}}},
+		"free, first waiter awake": {Token: 3, Rev: 5, Queue: 2, Waiters: map[string]entry{
+			hk("o2", 9): {Owner: "o2", Hold: 9, TTL: time.Second, Q: 1}, hk("o6", 3): {Owner: "o6", Hold: 3, TTL: time.Second, Q: 2, Sleep: true}}},
 		"rw shared":     {Kind: kindRW, Token: 3, Rev: 5, Shared: map[string]entry{hk("o3", 4): {Owner: "o3", Hold: 4, Token: 3, TTL: time.Second}}},
 		"rw shared raw": {Kind: kindRW, Token: 1, Rev: 1, Raw: true, Shared: map[string]entry{hk("o3", 4): {Owner: "o3", Hold: 4, Token: 1, TTL: time.Second}}},
 		"rw free":       {Kind: kindRW, Token: 3, Rev: 5},
@@ -124,6 +130,24 @@ func tableWrites() map[string]func(ctx context.Context, s store, key string) (re
 		"hand off": func(ctx context.Context, s store, key string) (record, error) {
 			return s.handoff(ctx, old(key), attempt{key: key, owner: "o1", hold: 8, ttl: time.Second})
 		},
+		"second waiter's acquire past the first": func(ctx context.Context, s store, key string) (record, error) {
+			return s.acquire(ctx, second(key, 1), stamp{})
+		},
+		"second waiter's acquire, the first seen with another number": func(ctx context.Context, s store, key string) (record, error) {
+			return s.acquire(ctx, second(key, 4), stamp{})
+		},
+		"mark the first waiter asleep": func(ctx context.Context, s store, key string) (record, error) {
+			return s.mark(ctx, firstWaiter(key), true)
+		},
+		"mark the first waiter awake": func(ctx context.Context, s store, key string) (record, error) {
+			return s.mark(ctx, firstWaiter(key), false)
+		},
+		"release the first waiter": func(ctx context.Context, s store, key string) (record, error) {
+			return record{}, s.release(ctx, firstWaiter(key))
+		},
+		"register asleep at 2": func(ctx context.Context, s store, key string) (record, error) {
+			return s.register(ctx, attempt{key: key, owner: "o5", hold: 2, ttl: time.Second, queue: 2, sleep: true})
+		},
 		"register at 0": func(ctx context.Context, s store, key string) (record, error) {
 			return s.register(ctx, attempt{key: key, owner: "o5", hold: 2, ttl: time.Second})
 		},
@@ -155,6 +179,17 @@ func tableWrites() map[string]func(ctx context.Context, s store, key string) (re
 			return record{Raw: ok}, err
 		},
 	}
+}
+
+// firstWaiter names the registration of "o2" in the states with waiters;
+// second is the attempt of the registration of "o6", which saw o2's
+// registration with queue number q ahead of it.
+func firstWaiter(key string) leaseRef {
+	return leaseRef{key: key, owner: "o2", hold: 9, token: 1, ttl: time.Second, role: roleWaiter}
+}
+
+func second(key string, q int64) attempt {
+	return attempt{key: key, owner: "o6", hold: 3, ttl: time.Second, registered: true, ahead: map[string]int64{holdKey("o2", 9): q}}
 }
 
 // old names the hold of the state "held", which wrote its base: in the
@@ -200,10 +235,14 @@ func seedDoc(key string, r record) bson.D {
 	}
 	if len(r.Waiters) > 0 {
 		w := bson.D{}
+		z := bson.D{}
 		for k, e := range r.Waiters {
 			w = append(w, bson.E{Key: k, Value: waiterValue(e.Q, e.TTL, e.Epoch)})
+			if e.Sleep {
+				z = append(z, bson.E{Key: k, Value: e.Q})
+			}
 		}
-		d = append(d, bson.E{Key: fW, Value: w}, bson.E{Key: fQueue, Value: r.Queue})
+		d = append(d, bson.E{Key: fW, Value: w}, bson.E{Key: fQueue, Value: r.Queue}, bson.E{Key: fSleep, Value: z})
 	}
 	return d
 }
@@ -232,7 +271,7 @@ func describe(r record) string {
 		fmt.Fprintf(&b, " h[%s]{%s %d t%d e%d trace %v}", k, e.Owner, e.Hold, e.Token, e.Epoch, e.Trace)
 	}
 	for _, k := range slices.Sorted(maps.Keys(r.Waiters)) {
-		fmt.Fprintf(&b, " w[%s]{q%d}", k, r.Waiters[k].Q)
+		fmt.Fprintf(&b, " w[%s]{q%d sleep %v}", k, r.Waiters[k].Q, r.Waiters[k].Sleep)
 	}
 	return b.String() + "}"
 }

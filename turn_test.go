@@ -82,7 +82,7 @@ func TestTurnPlanCommands(t *testing.T) {
 				count := func() map[string]int {
 					m := map[string]int{}
 					for _, h := range hs {
-						for _, op := range []string{"acquire", "read", "register", "requeue", "release", "reap", "handoff"} {
+						for _, op := range []string{"acquire", "read", "register", "requeue", "release", "reap", "handoff", "mark"} {
 							m[op] += h.count(op)
 						}
 					}

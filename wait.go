@@ -292,6 +292,9 @@ func (x *exclusiveWait) join() (step, error) {
 	if !joined.IsZero() && x.q.registered() {
 		x.sched.requeued(joined, len(x.q.ahead), busy)
 	}
+	if err := x.remark(&r); err != nil {
+		return stepOn, err
+	}
 	x.saw(r, sent)
 	if x.q.head() && (r.free() || x.w.takeover(c.clock.Now()).rev != 0) {
 		x.afterRead = true
@@ -413,12 +416,40 @@ func (x *exclusiveWait) read() (step, error) {
 		x.afterRead = true // one more attempt, then the try ends
 		return stepAgain, nil
 	}
+	if err := x.remark(&r); err != nil {
+		return stepOn, err
+	}
 	if x.q.head() && (r.free() || x.w.takeover(c.clock.Now()).rev != 0) {
 		x.afterRead = true
 		return stepAgain, nil // freed meanwhile, a hold of ours no call uses, or due
 	}
 	x.saw(r, sent)
 	return stepOn, nil
+}
+
+// remark marks the wait's registration asleep or awake, as the pacer says
+// for its place now (byPlace), and brings the wait, and *r, up to date
+// with the record the write returned. A registration found gone was
+// cleared: the wait registers again.
+func (x *exclusiveWait) remark(r *record) error {
+	if !x.q.registered() || x.a.kind == kindRW { // see pacing.sleepy
+		return nil
+	}
+	sleep, change := x.c.pacer.doze(len(x.q.ahead), x.q.sleep)
+	if !change || sleep == x.q.sleep {
+		return nil
+	}
+	marked, err := x.c.store.mark(x.ctx, x.q.reg.ref(), sleep)
+	switch {
+	case errors.Is(err, errNotOwner):
+		x.q.reg.end(ErrReleased, "") // cleared already: nothing to remove
+		x.q = queueing{}
+		return nil
+	case err != nil:
+		return err
+	}
+	*r = marked
+	return x.c.view(x.cl, x.a, marked, &x.ew, &x.q)
 }
 
 // saw tells the pacing what the record r, returned by a command sent at
@@ -461,8 +492,9 @@ func (x *exclusiveWait) pause() error {
 		due = &watch{}
 	}
 	now := x.c.clock.Now()
-	d := x.sched.next(now, x.q.registered(), x.q.head())
-	if err := x.c.waitPoll(x.ctx, d, x.sched.limit(now, x.q.registered()), due, &x.ew); err != nil {
+	reg, asleep := x.q.registered(), x.q.asleep()
+	d := x.sched.next(now, reg, x.q.head(), asleep)
+	if err := x.c.waitPoll(x.ctx, d, x.sched.limit(now, reg, asleep), due, &x.ew); err != nil {
 		return err
 	}
 	x.joined = false
@@ -483,19 +515,25 @@ func (c *Client) queues(kind string) bool {
 
 // A queueing is one exclusive wait's place in its key's queue.
 type queueing struct {
-	reg   *Lease   // the registration, kept alive by the extender; nil when not registered
-	ahead []string // hold keys of the waiters registered before it, as last seen
+	reg   *Lease           // the registration, kept alive by the extender; nil when not registered
+	ahead map[string]int64 // the waiters registered before it, as last seen: their queue numbers by hold key
+	awake int              // how many of them were awake, as last seen
+	sleep bool             // its registration is marked asleep, as last seen
 }
 
 // registered reports whether the wait is registered, as far as it knows.
 func (q *queueing) registered() bool { return q.reg != nil && q.reg.Err() == nil }
 
+// asleep reports whether the wait's registration is marked asleep.
+func (q *queueing) asleep() bool { return q.registered() && q.sleep }
+
 // head reports whether the wait may send an acquire: unregistered (it
-// then takes a free key only while no one is registered), or registered
-// with no waiter ahead of it as last seen. The acquire's filter checks
-// that those ahead are gone, so a stale view costs a failed attempt, not
-// the order.
-func (q *queueing) head() bool { return !q.registered() || len(q.ahead) == 0 }
+// then takes a free key only while no one is registered), or registered,
+// awake, with no waiter ahead of it awake as last seen. The acquire's
+// filter checks that those ahead are gone or still asleep, so a stale
+// view costs a failed attempt, not the order. A sleeper sends none: it
+// reads, and wakes when its place says (exclusiveWait.remark).
+func (q *queueing) head() bool { return !q.registered() || !q.sleep && q.awake == 0 }
 
 // registerRetries is how many times a registration that was outrun (its
 // compare-and-set found the queue counter moved) reads the counter and
@@ -516,6 +554,7 @@ const registerRetries = 4
 // the background.
 func (c *Client) enqueue(ctx context.Context, cl claim, a attempt, q *queueing) (record, error) {
 	a.queue = cl.pace.queueGuess()
+	a.sleep = cl.pace.sleepy(c.pacer, a.kind)
 	sent := c.clock.Now()
 	r, err := c.store.register(ctx, a)
 	if errors.Is(err, errHeld) { // see queueSlack: once, guess again without reading
@@ -544,7 +583,7 @@ func (c *Client) enqueue(ctx context.Context, cl claim, a attempt, q *queueing) 
 		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, reg.ref()) })
 		return record{}, ErrClosed
 	}
-	q.reg, q.ahead = reg, nil
+	*q = queueing{reg: reg, sleep: a.sleep}
 	return r, nil
 }
 
@@ -577,7 +616,7 @@ func (c *Client) view(cl claim, a attempt, r record, ew *entryWatch, q *queueing
 		return kindError(a.key, a.kind, r.Kind)
 	}
 	if r.Rev != 0 {
-		cl.pace.sawQueue(r.Queue)
+		cl.pace.sawQueue(r.Queue, len(r.Waiters))
 		cl.pace.sawToken(r.Token, c.clock.Now())
 	}
 	blocking := r
@@ -587,10 +626,16 @@ func (c *Client) view(cl claim, a attempt, r record, ew *entryWatch, q *queueing
 			q.reg.end(ErrReleased, "") // cleared already: nothing to remove
 			*q = queueing{}
 		} else {
-			q.ahead = r.ahead(e.Q)
+			q.ahead, q.awake, q.sleep = r.ahead(e.Q), 0, e.Sleep
 			blocking.Waiters = make(map[string]entry, len(q.ahead))
-			for _, hk := range q.ahead {
+			for hk := range q.ahead {
 				blocking.Waiters[hk] = r.Waiters[hk]
+				switch {
+				case !r.Waiters[hk].Sleep:
+					q.awake++
+				case c.cfg.hooks.flawed(flawPassAsSeen):
+					delete(q.ahead, hk) // the acquire's filter no longer checks it
+				}
 			}
 		}
 	}
