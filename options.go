@@ -189,9 +189,11 @@ const (
 // contention follows a schedule of its own instead (docs/fairness.md), and
 // no wait sleeps longer than 1.5·max at a time while the key changes
 // hands. Once it has not for a TTL, a wait sleeps longer the longer the key
-// stands still, up to a quarter TTL: a sixteenth of that for a Lock at the
-// head of the key's queue or next, and for an RLock or a Semaphore's
-// Acquire; half of it for a Lock two or more places back. min is also how
+// stands still, up to a quarter TTL: a sixteenth of that for a Lock awake
+// in the key's queue, and for an RLock or a Semaphore's Acquire; half of it
+// for a Lock asleep (eight or more places back: docs/fairness.md), which
+// sleeps at most a quarter TTL at a time whether the key stands still or
+// not. min is also how
 // long an Unlock under contention leaves a kept hold or a registration for
 // its Mutex's next Lock. Defaults: [DefaultMinBackoff] and [DefaultMaxBackoff].
 // It needs [MinBackoff] <= min <= max <= [MaxBackoff]; otherwise

@@ -364,12 +364,13 @@ func (s *schedule) next(now time.Time, registered, head, asleep bool) time.Durat
 		}
 	case asleep:
 		// No free key waits for it (record.queueOpen), so it sleeps by its
-		// place: half the turns until it is among the awakePlaces, or half
-		// as long as the key stood still, whichever is longer.
+		// place, not on the backoff: half the turns until it is among the
+		// awakePlaces, or half as long as the key stood still, whichever
+		// is longer, and at least a quarter of the minimum backoff.
+		d = max(s.p.still(now)/2, cfg.minBackoff/4)
 		if period > 0 && s.ahead >= awakePlaces {
 			d = max(d, time.Duration(s.ahead-awakePlaces+1)*period/2)
 		}
-		d = max(d, s.p.still(now)/2)
 	case !s.rules.uses(rulePeriod):
 	case s.share && s.p.still(now) >= cfg.ttl:
 		// A shared wait, unqueued, as the head does (below).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -44,13 +45,14 @@ import (
 // run one Client that holds the key (a Semaphore's one permit) for the
 // whole row while the C−1 others wait in Mutex.Lock, Election.Campaign or
 // Semaphore.Acquire, with the default TTL and backoff: the cost of waiting
-// while nothing changes hands. Each row reports metrics
+// while nothing changes hands, from 2 s to 12 s into the hold (before the
+// key stood still a TTL), in the row's second half, and over all of it. Each row reports metrics
 // (see runScaleLoop and runScaleIdle) and logs one line of a markdown table,
 // whose header is logged before the first row of its kind; and it logs what
 // its commands were. The environment variable DLOCK_SCALE_TIME (a positive
 // number, default 1) multiplies every row's simulated duration: 0.1 makes a
 // smoke run. DLOCK_SCALE_WITHOUT names a pacing rule to switch off (keep,
-// requeue, turn-plan, head-plan or period), to price it at scale.
+// requeue, turn-plan, head-plan, period or sleep), to price it at scale.
 //
 // It also logs the bytes one registration adds to a key's document in
 // MongoDB's encoding (scaleRegistrationBytes).
@@ -85,8 +87,8 @@ func BenchmarkScale(b *testing.B) {
 			}
 		}
 	}
-	b.Logf("| primitive | waiting | simulated | cmds/s/waiter, 2nd half | whole row | heap/waiter | stack/waiter |")
-	b.Logf("|---|--:|--:|--:|--:|--:|--:|")
+	b.Logf("| primitive | waiting | simulated | cmds/s/waiter, 2–12 s | 2nd half | whole row | heap/waiter | stack/waiter |")
+	b.Logf("|---|--:|--:|--:|--:|--:|--:|--:|")
 	for _, prim := range []string{"mutex", "election", "semaphore"} {
 		for _, c := range []int{48, 1024} {
 			r := scaleRow{clients: c, dur: time.Duration(float64(min(scaleIdleDur, scaleMaxDur(c))) * stretch)}
@@ -96,6 +98,10 @@ func BenchmarkScale(b *testing.B) {
 		}
 	}
 }
+
+// idleEarly are the times into an idle row's hold between which it counts
+// the waiters' commands before the key has stood still for a TTL.
+var idleEarly = [2]time.Duration{2 * time.Second, 12 * time.Second}
 
 // scaleRTT is the simulated round trip of every command in BenchmarkScale.
 const scaleRTT = time.Millisecond
@@ -566,6 +572,7 @@ func runScaleIdle(b *testing.B, r scaleRow, prim string) {
 		counts      scaleCounts // the waiting Clients' commands
 		holding     scaleCounts // the holder's
 		mid, end    scaleMark
+		early       [2]scaleMark // at idleEarly's two times
 		heap, stack float64
 		goroutines  float64
 		wallStart   = time.Now()
@@ -618,7 +625,11 @@ func runScaleIdle(b *testing.B, r scaleRow, prim string) {
 				}
 			})
 		}
-		time.Sleep(r.dur / 2)
+		time.Sleep(min(idleEarly[0], r.dur/2))
+		early[0] = counts.mark(0)
+		time.Sleep(min(idleEarly[1], r.dur/2) - min(idleEarly[0], r.dur/2))
+		early[1] = counts.mark(0)
+		time.Sleep(r.dur/2 - min(idleEarly[1], r.dur/2))
 		mid = counts.mark(0)
 		var at runtime.MemStats
 		runtime.GC()
@@ -638,11 +649,16 @@ func runScaleIdle(b *testing.B, r scaleRow, prim string) {
 	half := (r.dur - r.dur/2).Seconds() * float64(waiters)
 	steady := float64(end.cmds-mid.cmds) / half
 	whole := float64(end.cmds) / r.dur.Seconds() / float64(waiters)
+	first := math.NaN() // from 2 s to 12 s into the hold: before the key stood still a TTL
+	if r.dur/2 >= idleEarly[1] {
+		first = float64(early[1].cmds-early[0].cmds) / (idleEarly[1] - idleEarly[0]).Seconds() / float64(waiters)
+	}
 	b.ReportMetric(steady, "cmds/s/waiter")
 	b.ReportMetric(whole, "cmds/s/waiter-whole")
+	b.ReportMetric(first, "cmds/s/waiter-2-12s")
 	b.ReportMetric(heap, "heap-B/waiter")
 	b.ReportMetric(stack, "stack-B/waiter")
-	b.Logf("| %s | %d | %s | %.3f | %.3f | %.1f KiB | %.1f KiB |", prim, waiters, scaleDur(r.dur), steady, whole, heap/1024, stack/1024)
+	b.Logf("| %s | %d | %s | %.3f | %.3f | %.3f | %.1f KiB | %.1f KiB |", prim, waiters, scaleDur(r.dur), first, steady, whole, heap/1024, stack/1024)
 	b.Logf("a waiting Client's commands a second in the second half: %s; over the whole row: %s; %.1f goroutines a Client at the middle; real time %v",
 		end.sub(mid).byKind(half, "/s"), end.byKind(r.dur.Seconds()*float64(waiters), "/s"), goroutines, wall.Round(time.Millisecond))
 }
