@@ -9,6 +9,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -1180,4 +1181,75 @@ func headAfterWaitersAheadLeft(t *testing.T, st func() store, ttl time.Duration,
 	wait := (<-took).Sub(ended)
 	t.Logf("the waiter took the key %v after the hold ended", wait)
 	assert.LessOrEqual(t, wait, ttl/4+fairPoll, "the key waited for a sleeper")
+}
+
+// dozer is dlock's pacer, but its waits are asleep or awake as sleep says,
+// whatever their place.
+type dozer struct {
+	rulesPacer
+	asleep *atomic.Bool
+}
+
+func (p dozer) doze(_ int, asleep bool) (bool, bool) {
+	s := p.asleep.Load()
+	return s, s != asleep
+}
+
+// TestPassSleeper: no free key waits for a sleeper, and a sleeper keeps
+// its place. a registers first, marked asleep, and sleeps; b registers
+// behind it, awake. When the holder unlocks, b takes the key within a poll
+// while a sleeps on (were the key to wait for a, b would wait for as long
+// as a sleeps, here for ever). Then a wakes: it marks itself awake, and
+// takes the key before c, which registered after it.
+func TestPassSleeper(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		var sleep atomic.Bool
+		sleep.Store(true)
+		h, _ := memClient(t, st)
+		a, ha := memClient(t, st, withPacer(dozer{asleep: &sleep}))
+		b, _ := memClient(t, st)
+		c, _ := memClient(t, st)
+		ctx := context.Background()
+		mh, ma, mb, mc := h.NewMutex("k"), a.NewMutex("k"), b.NewMutex("k"), c.NewMutex("k")
+		require.NoError(t, mh.Lock(ctx))
+		aErr := lockAsync(ma)
+		bErr := lockAsync(mb)
+		require.Equal(t, []string{a.owner, b.owner}, waiters(st, "k"))
+		require.True(t, holder(st, "k").Waiters[holdKeyOf(st, a.owner)].Sleep, "a's registration is marked asleep")
+
+		require.NoError(t, mh.Unlock(ctx))
+		freed := time.Now()
+		select {
+		case err := <-bErr:
+			require.NoError(t, err)
+		case <-time.After(DefaultTTL):
+			t.Fatal("b waited a TTL for the sleeper ahead of it")
+		}
+		assert.LessOrEqual(t, time.Since(freed), fairPoll, "b waited for the sleeper")
+		assert.Equal(t, []string{a.owner}, waiters(st, "k"), "a keeps its place")
+
+		cErr := lockAsync(mc)
+		require.Equal(t, []string{a.owner, c.owner}, waiters(st, "k"))
+		sleep.Store(false) // a wakes on its next read
+		marks := ha.count("mark")
+		time.Sleep(DefaultTTL / 4)
+		require.Equal(t, marks+1, ha.count("mark"), "a marked itself awake")
+		require.NoError(t, mb.Unlock(ctx))
+		require.NoError(t, <-aErr, "a, awake, takes the key before c")
+		assert.Equal(t, []string{c.owner}, waiters(st, "k"))
+		require.NoError(t, ma.Unlock(ctx))
+		require.NoError(t, <-cErr)
+		require.NoError(t, mc.Unlock(ctx))
+	})
+}
+
+// holdKeyOf returns the hold key of owner's registration for key "k" in st.
+func holdKeyOf(st *memStore, owner string) string {
+	for hk, e := range holder(st, "k").Waiters {
+		if e.Owner == owner {
+			return hk
+		}
+	}
+	return ""
 }
