@@ -408,18 +408,20 @@ func (s *schedule) next(now time.Time, registered, head, asleep bool) time.Durat
 }
 
 // limit is the longest the wait sleeps at once at now, registered or
-// not, whatever its pacing planned (waitPoll): maxSleep, so that the head
-// sees the key freed, and the next waiter that it is the head, within a
-// poll interval; but, once the key's counter has stood still for a TTL, a
-// quarter TTL. So a queue that waits through a long hold costs each
-// waiter about four reads a TTL, not one every poll interval, and when
-// the hold ends the head sees it within a sixteenth of the hold and a
-// quarter TTL. Every registered wait has the same limit, however far back
-// it is: the waiters ahead may give up while it sleeps, and a sleep must
-// not outlive the view it was decided on, for then it is the head, and
-// the key waits for it (TestHeadAfterWaitersAheadLeft). The liveness
-// bounds do not rest on it: the watches of the holder and of the waiters
-// ahead wake a wait when one may be cleared.
+// not, asleep or not, whatever its pacing planned (waitPoll): maxSleep, so
+// that the head sees the key freed, and the next waiter that it is the
+// head, within a poll interval; but, once the key's counter has stood
+// still for a TTL, or for a wait marked asleep (which no free key waits
+// for while a waiter behind it is awake), a quarter TTL. So a queue that
+// waits through a long hold costs each waiter about four reads a TTL, not
+// one every poll interval, and when the hold ends the head sees it within
+// a sixteenth of the hold and a quarter TTL. A sleeper sleeps no longer:
+// the waiters ahead may give up while it sleeps, and a sleep must not
+// outlive the view it was decided on by much, for then it is the first
+// awake place, and the key waits for it when no waiter behind it is awake
+// (TestHeadAfterWaitersAheadLeft). The liveness bounds do not rest on it:
+// the watches of the holder and of the waiters ahead wake a wait when one
+// may be cleared.
 func (s *schedule) limit(now time.Time, registered, asleep bool) time.Duration {
 	if !asleep && (!(registered || s.share) || s.p.still(now) < s.cfg.ttl) {
 		return maxSleep(s.cfg)
