@@ -342,7 +342,7 @@ func (x *exclusiveWait) attemptOnce() (s step, read bool, err error) {
 		x.unsure = true
 		x.sched.failed()
 	case x.sched.planned(sent):
-		err = nil // not its turn yet: retry, reading to trace, or when the plan ran out (and when a watch is due: Client.acquire)
+		err = nil                                                                  // not its turn yet: retry, reading to trace, or when the plan ran out (and when a watch is due: Client.acquire)
 		read = x.sched.missed(sent, c.clock.Now()) || x.traceDue() || x.q.asleep() // a sleeper reads to learn whether it is near enough to wake
 	case x.afterRead:
 		err = nil // wait for the poll: see Client.acquire
