@@ -342,8 +342,11 @@ func (x *exclusiveWait) attemptOnce() (s step, read bool, err error) {
 		x.unsure = true
 		x.sched.failed()
 	case x.sched.planned(sent):
-		err = nil                                                                  // not its turn yet: retry, reading to trace, or when the plan ran out (and when a watch is due: Client.acquire)
-		read = x.sched.missed(sent, c.clock.Now()) || x.traceDue() || x.q.asleep() // a sleeper reads to learn whether it is near enough to wake
+		// Not its turn yet: retry, reading to trace, when the plan ran out,
+		// or asleep, to learn whether it is near enough to wake (and when
+		// a watch is due: Client.acquire).
+		err = nil
+		read = x.sched.missed(sent, c.clock.Now()) || x.traceDue() || x.q.asleep()
 	case x.afterRead:
 		err = nil // wait for the poll: see Client.acquire
 	default:
