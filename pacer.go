@@ -36,8 +36,9 @@ type pacer interface {
 	aim(tp turnPlan) turnPlan
 	// doze says whether a registered waiter with ahead waiters ahead of
 	// it, its registration marked asleep or not, changes its mark (change)
-	// to sleep: the queue's order, exclusion and the liveness bounds hold
-	// whatever it answers, as the key never waits for a sleeper.
+	// to sleep: exclusion and the queue's order hold whatever it answers,
+	// as the server checks every mark a claim passes (the simulation runs
+	// a pacer that marks at random).
 	doze(ahead int, asleep bool) (sleep, change bool)
 }
 
@@ -66,8 +67,8 @@ func (rulesPacer) aim(tp turnPlan) turnPlan { return tp }
 func (rulesPacer) doze(ahead int, asleep bool) (sleep, change bool) { return byPlace(ahead, asleep) }
 
 // byPlace is ruleSleep: a waiter is awake while fewer than awakePlaces
-// waiters are ahead of it (the head, and the next), and marks its
-// registration asleep once it sees sleepPlaces or more ahead. Between the
+// waiters are ahead of it, and marks its registration asleep once it sees
+// sleepPlaces or more ahead. Between the
 // two it keeps its mark, so a registration changes it at most once each
 // way: the waiters ahead only ever leave.
 func byPlace(ahead int, asleep bool) (sleep, change bool) {
@@ -77,7 +78,9 @@ func byPlace(ahead int, asleep bool) (sleep, change bool) {
 	return true, ahead >= sleepPlaces
 }
 
-// The places in the queue that stay awake (byPlace).
+// The places in the queue that stay awake (byPlace): four, as with two
+// the awake places emptied before the next sleeper woke, and the key
+// waited for it (docs/fairness.md, "Sleepers").
 const (
 	awakePlaces = 4
 	sleepPlaces = 8
@@ -266,9 +269,7 @@ func (s *schedule) spares() bool { return s.rules.uses(ruleKeep) && s.p.spare(s.
 // attempts reports whether the wait's next command is an acquire attempt
 // rather than a read: at the head of the queue (or unregistered), or when
 // its plan's attempts are due, asleep or not.
-func (s *schedule) attempts(now time.Time, head bool) bool {
-	return head || s.plan.due(now)
-}
+func (s *schedule) attempts(now time.Time, head bool) bool { return head || s.plan.due(now) }
 
 // registered notes the reply r to the wait's own write (its registration,
 // or the requeue that made it), sent at sent and answered at answered.
