@@ -534,8 +534,9 @@ func (q *queueing) asleep() bool { return q.registered() && q.sleep }
 // then takes a free key only while no one is registered), or registered,
 // awake, with no waiter ahead of it awake as last seen. The acquire's
 // filter checks that those ahead are gone or still asleep, so a stale
-// view costs a failed attempt, not the order. A sleeper sends none: it
-// reads, and wakes when its place says (exclusiveWait.remark).
+// view costs a failed attempt, not the order. A sleeper is never the head:
+// it sends only its plan's attempts, reads, and wakes when its place says
+// (exclusiveWait.remark).
 func (q *queueing) head() bool { return !q.registered() || !q.sleep && q.awake == 0 }
 
 // registerRetries is how many times a registration that was outrun (its
