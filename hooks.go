@@ -29,4 +29,5 @@ const (
 	flawUnfair                    // exclusive waiters do not queue in the document: every poll races (dlock before fair queueing)
 	flawQueueJump                 // exclusive waiters register in the queue, but every attempt ignores it
 	flawKeepAlways                // an Unlock under contention keeps its hold even when its Lock took a kept one (then with no spare token, so the next Lock takes it by a handoff write past the queue): a Client takes every turn in a row
+	flawMultiCallerOrder          // a MultiMutex locks its keys in the caller's order, not sorted: two of them can wait for each other in a cycle
 )

@@ -52,6 +52,13 @@ type entry struct {
 	Stored string
 }
 
+// holdOnly is r without its entries, data and trace context: the part of
+// a record that readAll returns.
+func (r record) holdOnly() record {
+	r.Shared, r.Waiters, r.Data, r.Trace = nil, nil, nil, holdTrace{}
+	return r
+}
+
 // free reports whether nobody holds the key, exclusively or shared.
 func (r record) free() bool { return r.Owner == "" && len(r.Shared) == 0 }
 
@@ -383,6 +390,21 @@ type store interface {
 	// revision and token, in one write command (or a few, as extend), and returns how many it
 	// deleted.
 	remove(ctx context.Context, recs []idleRecord) (int, error)
+	// acquireAll sends, in one write command (or a few, as extend), an
+	// exclusive acquire of each of as (a MultiMutex's keys), unregistered
+	// and with no takeover: each makes its attempt the holder of its key,
+	// with a new token, if the record is absent, or of its kind, free and
+	// with no waiter registered (or held by that very attempt). It
+	// reports which applied, as far as the replies tell; readAll tells
+	// the tokens.
+	acquireAll(ctx context.Context, as []attempt) ([]bool, error)
+	// readAll returns the records of keys, in order, in one command (the
+	// zero record for a key that has none), and the floor; of each record
+	// only its exclusive hold and counters (record.holdOnly). The floor
+	// is read in the same command (a few more, once per collection, when
+	// its document is missing and a record is raw); only raw records need
+	// it, and it may be 0 when none is.
+	readAll(ctx context.Context, keys []string) ([]record, Token, error)
 	// register records attempt a as waiting for the exclusive hold of its
 	// key, with queue number a.queue+1, if the record exists, is of a's
 	// kind and its queue counter is at most a.queue (it becomes a.queue+1,
