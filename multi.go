@@ -276,34 +276,29 @@ type gathering struct {
 	attempts int
 }
 
-// run takes the keys: the Client's slots of a first run of free ones
-// (all of them, or fail, with try), those keys with one bulk write, then
-// the rest one at a time. On failure it gives back whatever it took.
+// run takes the keys in order: each run of them whose slots in this
+// Client are free, with one bulk write (bulk), as far as the first it
+// misses; that one alone, waiting as Mutex.Lock does (lockKey); and so on.
+// On failure it gives back whatever it took.
 func (g *gathering) run() (*MultiLease, error) {
-	c := g.c
-	g.ml = c.newMultiLease(g.m.keys)
-	n := g.takeSlots()
-	if g.try && n < len(g.cls) {
-		g.abort()
-		return nil, keyError("lock", g.cls[n].attempt.key, errLockedHere)
-	}
-	next := 0
-	if n >= 2 {
-		var err error
-		if next, err = g.bulk(n); err != nil {
-			g.abort()
-			return nil, g.m.keysError("lock", err)
-		}
-	}
+	g.ml = g.c.newMultiLease(g.m.keys)
 	wait, cancel := context.WithCancelCause(g.ctx)
 	defer cancel(nil)
 	g.ml.onLost(func() { cancel(errKeyLost) })
-	if g.try {
-		next = 0 // TryLock tries every key the bulk write did not take
+	if n := g.takeSlots(0); g.try && n < len(g.cls) { // another call of this Client has a key: no command
+		g.abort()
+		return nil, keyError("lock", g.cls[n].attempt.key, errLockedHere)
 	}
-	for i := next; i < len(g.cls); i++ {
-		if g.held[i] != nil {
-			continue
+	for i := 0; i < len(g.cls); i++ {
+		if len(g.cls)-i >= 2 {
+			n, err := g.bulk(i)
+			if err != nil {
+				g.abort()
+				return nil, g.m.keysError("lock", err)
+			}
+			if i += n; i == len(g.cls) {
+				break
+			}
 		}
 		if err := g.lockKey(wait, i); err != nil {
 			g.abort()
@@ -326,17 +321,20 @@ func (g *gathering) run() (*MultiLease, error) {
 	return g.ml, nil
 }
 
-// takeSlots takes, without waiting, this Client's slots for the keys in
-// order, up to the first that another call of the Client holds, and
+// takeSlots takes, without waiting, this Client's slots for the keys
+// from i on, up to the first that another call of the Client holds, and
 // returns how many it took.
-func (g *gathering) takeSlots() int {
-	for i, cl := range g.cls {
-		if _, err := g.c.enter(g.ctx, cl, true); err != nil {
-			return i
+func (g *gathering) takeSlots(from int) int {
+	for i := from; i < len(g.cls); i++ {
+		if g.slot[i] {
+			continue
+		}
+		if _, err := g.c.enter(g.ctx, g.cls[i], true); err != nil {
+			return i - from
 		}
 		g.slot[i] = true
 	}
-	return len(g.cls)
+	return len(g.cls) - from
 }
 
 // lockKey takes key i, as Mutex.Lock does once it is called: this
@@ -418,87 +416,79 @@ func (c *Client) giveBack(ctx context.Context, refs []leaseRef) {
 	c.tidy(cleanupTimeout, func(ctx context.Context) { c.store.releaseAll(ctx, refs) })
 }
 
-// bulk takes the first n keys, whose slots this call holds, with one
-// bulk write, and reads back the tokens of those it keeps in one command.
-// Lock keeps the keys before the first it missed, gives the others back
-// in one write, and passes their slots on; it returns the index of the
-// first key it did not keep. TryLock keeps every key it took. See
-// bulkFailed for a write or read that failed.
-func (g *gathering) bulk(n int) (int, error) {
+// bulk takes keys from the one at i on, with one ordered bulk write that
+// stops at the first it misses, and reads back the tokens of those it
+// took in one command. It sends nothing for fewer than two keys whose
+// slots in this Client it can take at once. It returns how many keys it
+// holds from i on; it keeps the slot of the next, and passes on those of
+// the keys after it.
+func (g *gathering) bulk(from int) (int, error) {
 	c := g.c
+	n := g.takeSlots(from)
+	if n < 2 {
+		g.leave(from + 1)
+		return 0, nil
+	}
 	as := make([]attempt, n)
 	for i := range as {
-		as[i] = g.cls[i].attempt
+		as[i] = g.cls[from+i].attempt
 		as[i].owner, as[i].hold = c.owner, c.holdIDs.Add(1)
 	}
 	g.attempts++
 	sent := c.clock.Now()
 	took, err := c.store.acquireAll(g.ctx, as)
 	if err != nil {
-		return g.bulkFailed(as, nil, err)
+		return g.bulkFailed(from, as, nil, err)
 	}
-	keep := n // Lock keeps the keys before the first it missed
-	if i := slices.Index(took, false); i >= 0 && !g.try {
-		keep = i
+	t := n // the keys took: a prefix, as the write stops at the first miss
+	if i := slices.Index(took, false); i >= 0 {
+		t = i
 	}
-	if keep > 0 {
-		if err := g.grantBulk(as[:keep], took[:keep], sent); err != nil {
-			return g.bulkFailed(as, took, err)
+	kept := 0
+	if t > 0 {
+		if kept, err = g.grantBulk(from, as[:t], sent); err != nil {
+			return g.bulkFailed(from, as, took, err)
 		}
 	}
-	first := n // Lock gives back the keys from the first it does not hold
-	if i := slices.IndexFunc(g.held[:n], func(l *Lease) bool { return l == nil }); i >= 0 && !g.try {
-		first = i
+	if kept < t { // read back otherwise (the read lagged, or came too late): give those back
+		c.giveBack(g.ctx, abandoned(as[kept:t], nil))
 	}
-	g.ml.drop(first)
-	var refs []leaseRef
-	for i := range n {
-		switch l := g.held[i]; {
-		case l != nil && i >= first:
-			l.end(ErrReleased, "")
-			refs = append(refs, l.ref())
-			g.held[i] = nil
-		case l == nil && took[i]: // taken, but not kept (or answered too late to keep)
-			refs = append(refs, abandoned(as[i:i+1], nil)...)
-		}
-	}
-	c.giveBack(g.ctx, refs)
-	g.leave(first)
-	return first, nil
+	g.leave(from + kept + 1)
+	return kept, nil
 }
 
 // bulkFailed ends a bulk take whose write or read failed with err: what
 // the acquires of as may have taken (those that took, or all when took is
 // nil) is given back in the background. TryLock fails, and so does Lock
 // when Close has begun, when ctx has ended, or when the error is not one
-// that waiting mends; otherwise Lock goes on key by key, from the first.
-func (g *gathering) bulkFailed(as []attempt, took []bool, err error) (int, error) {
+// that waiting mends; otherwise Lock goes on with the key at from alone.
+func (g *gathering) bulkFailed(from int, as []attempt, took []bool, err error) (int, error) {
 	c := g.c
 	refs := abandoned(as, took)
 	c.tidy(cleanupTimeout, func(ctx context.Context) { c.store.releaseAll(ctx, refs) })
+	g.ml.drop(from)
+	for i := from; i < len(g.held); i++ {
+		if l := g.held[i]; l != nil {
+			l.end(ErrReleased, "") // given back above
+			g.held[i] = nil
+		}
+	}
 	switch {
 	case g.ctx.Err() != nil:
 		return 0, (&waitLog{}).waitError(g.ctx, as[0].key, err)
 	case g.try || errors.Is(err, ErrClosed) || !transient(err):
 		return 0, err
 	}
-	g.ml.drop(0)
-	for i, l := range g.held {
-		if l != nil {
-			l.end(ErrReleased, "") // given back above
-			g.held[i] = nil
-		}
-	}
-	g.leave(0)
+	g.leave(from + 1)
 	return 0, nil
 }
 
-// grantBulk reads back the records of the keys of as that the bulk write
-// took (took), and makes the lease of each that the read shows held by
-// its attempt. A key the read shows otherwise (the read lagged), or whose
-// read came past the lease's deadline, is left unheld: the caller gives
-// back the hold its attempt may have. ErrClosed when Close has begun.
-func (g *gathering) grantBulk(as []attempt, took []bool, sent time.Time) error {
+// grantBulk reads back the records of the keys of as, which the bulk
+// write took, and makes the lease of each, in order, while the read shows
+// it held by its attempt in time for its lease (for key from+i, as[i]).
+// It returns how many it made; the caller gives back the rest. ErrClosed
+// when Close has begun.
+func (g *gathering) grantBulk(from int, as []attempt, sent time.Time) (int, error) {
 	c := g.c
 	keys := make([]string, len(as))
 	for i, a := range as {
@@ -507,23 +497,24 @@ func (g *gathering) grantBulk(as []attempt, took []bool, sent time.Time) error {
 	g.attempts++
 	recs, floor, err := c.store.readAll(g.ctx, keys)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	for i, r := range recs {
 		a := as[i]
-		if !took[i] || r.Owner != a.owner || r.Hold != a.hold {
-			continue
+		if r.Owner != a.owner || r.Hold != a.hold {
+			return i, nil
 		}
 		a.raw = r.Raw
-		l, err := c.grant(g.cls[i], a, bulkToken(r, floor), roleExclusive, sent)
+		l, err := c.grant(g.cls[from+i], a, bulkToken(r, floor), roleExclusive, sent)
 		switch {
 		case errors.Is(err, ErrClosed):
-			return err
-		case err == nil:
-			g.hold(i, l)
+			return i, err
+		case err != nil: // answered past its deadline: the hold is a's, and given back
+			return i, nil
 		}
+		g.hold(from+i, l)
 	}
-	return nil
+	return len(as), nil
 }
 
 // bulkToken is the token of the hold that an acquire of a bulk write made

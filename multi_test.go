@@ -378,4 +378,3 @@ func TestMultiMutexCanonicalOrder(t *testing.T) {
 	assert.True(t, slices.IsSorted(keys), "byte order: %q", keys)
 	assert.Equal(t, []string{"é", "z", "A", "a"}, in, "the caller's slice is left alone")
 }
-

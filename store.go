@@ -391,11 +391,12 @@ type store interface {
 	// deleted.
 	remove(ctx context.Context, recs []idleRecord) (int, error)
 	// acquireAll sends, in one write command (or a few, as extend), an
-	// exclusive acquire of each of as (a MultiMutex's keys), unregistered
-	// and with no takeover: each makes its attempt the holder of its key,
-	// with a new token, if the record is absent, or of its kind, free and
-	// with no waiter registered (or held by that very attempt). It
-	// reports which applied, as far as the replies tell; readAll tells
+	// exclusive acquire of each of as (a MultiMutex's keys), in order,
+	// unregistered and with no takeover: each makes its attempt the holder
+	// of its key, with a new token, if the record is absent, or of its
+	// kind, free and with no waiter registered (or held by that very
+	// attempt). It stops at the first that does not apply (an ordered bulk
+	// write), and reports which applied: a prefix of as. readAll tells
 	// the tokens.
 	acquireAll(ctx context.Context, as []attempt) ([]bool, error)
 	// readAll returns the records of keys, in order, in one command (the

@@ -414,8 +414,10 @@ func (s *memStore) acquireAll(ctx context.Context, as []attempt) ([]bool, error)
 	took := make([]bool, len(as))
 	for i, a := range as {
 		a.registered, a.shared, a.spare = false, false, false // as mongoStore sends them
-		_, err := s.take(a, stamp{})
-		took[i] = err == nil
+		if _, err := s.take(a, stamp{}); err != nil {
+			break // an ordered bulk write stops at its first failure
+		}
+		took[i] = true
 	}
 	return took, nil
 }

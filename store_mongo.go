@@ -1119,27 +1119,32 @@ func (s *mongoStore) acquireAll(ctx context.Context, as []attempt) ([]bool, erro
 		}
 	}
 	took := make([]bool, len(as))
-	unordered := options.BulkWrite().SetOrdered(false)
+	// Ordered: the statements apply in order and the first that fails
+	// ends the command, so the keys taken are a prefix of as. (FerretDB v1
+	// ends an unordered one there too, while it reports the statements
+	// after it as applied.)
+	ordered := options.BulkWrite().SetOrdered(true)
 	for from := 0; from < len(models); from += limit {
 		to := min(from+limit, len(models))
 		s.counted(ctx, 1)
-		_, err := s.coll.BulkWrite(ctx, models[from:to], unordered)
-		missed := map[int]bool{}
+		_, err := s.coll.BulkWrite(ctx, models[from:to], ordered)
 		var bwe mongo.BulkWriteException
 		switch {
 		case err == nil:
-		case errors.As(err, &bwe) && bwe.WriteConcernError == nil && len(bwe.WriteErrors) > 0:
-			// Each statement that failed did not apply: a duplicate key
-			// (the filter missed a record that exists: held, or waited
-			// for) or any other refusal of that statement alone.
-			for _, we := range bwe.WriteErrors {
-				missed[we.Index] = true
+			for i := from; i < to; i++ {
+				took[i] = true
 			}
+			continue
+		case errors.As(err, &bwe) && bwe.WriteConcernError == nil && len(bwe.WriteErrors) == 1:
+			// The statement that failed did not apply: a duplicate key
+			// (its filter missed a record that exists: held, or waited
+			// for) or another refusal of that statement alone.
+			for i := from; i < from+bwe.WriteErrors[0].Index; i++ {
+				took[i] = true
+			}
+			return took, nil
 		default:
 			return nil, failed(err, "dlock: acquire %s", count(len(as), "key"))
-		}
-		for i := from; i < to; i++ {
-			took[i] = !missed[i-from]
 		}
 	}
 	return took, nil
