@@ -302,8 +302,11 @@ func (g *gathering) run() (*MultiLease, error) {
 		}
 		if err := g.lockKey(wait, i); err != nil {
 			g.abort()
-			if context.Cause(wait) == errKeyLost && g.ctx.Err() == nil {
-				return nil, errKeyLost
+			if context.Cause(wait) == errKeyLost {
+				if g.ctx.Err() == nil {
+					return nil, errKeyLost
+				}
+				err = callersEnd(g.ctx, err) // the caller's ctx ended too, after the loss ended the wait
 			}
 			return nil, keyError("lock", g.cls[i].attempt.key, err)
 		}
@@ -319,6 +322,19 @@ func (g *gathering) run() (*MultiLease, error) {
 		}
 	}
 	return g.ml, nil
+}
+
+// callersEnd is err, the error of a wait that a lost key ended, as the
+// error of its Lock's ctx, which has ended since: what the wait saw, with
+// ctx's error.
+func callersEnd(ctx context.Context, err error) error {
+	var we *WaitError
+	if !errors.As(err, &we) {
+		return (&waitLog{}).waitError(ctx, "", err)
+	}
+	w := *we
+	w.Err = ctx.Err()
+	return &w
 }
 
 // takeSlots takes, without waiting, this Client's slots for the keys
