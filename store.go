@@ -396,8 +396,9 @@ type store interface {
 	// of its key, with a new token, if the record is absent, or of its
 	// kind, free and with no waiter registered (or held by that very
 	// attempt). It stops at the first that does not apply (an ordered bulk
-	// write), and reports which applied: a prefix of as. readAll tells
-	// the tokens.
+	// write), and reports which may have applied: a prefix of as, which
+	// may run past the first that did not (FerretDB v1 misreports which
+	// statement failed). readAll tells which did, and their tokens.
 	acquireAll(ctx context.Context, as []attempt) ([]bool, error)
 	// readAll returns the records of keys, in order, in one command (the
 	// zero record for a key that has none), and the floor; of each record

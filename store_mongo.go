@@ -815,6 +815,13 @@ func (s *mongoStore) batchLimit(ctx context.Context, n int) (int, error) {
 	return s.maxBatch, nil
 }
 
+// ferretV1 reports whether the server is FerretDB v1 (see batchLimit),
+// asking it the first time.
+func (s *mongoStore) ferretV1(ctx context.Context) (bool, error) {
+	n, err := s.batchLimit(ctx, ferretBatch+1)
+	return n == ferretBatch, err
+}
+
 // buildInfo is what dlock reads of the buildInfo reply. FerretDB v1 names
 // itself in ferretdbVersion; FerretDB v2 in ferretdb.version, and needs no
 // cap, so it is not read.
@@ -1138,8 +1145,14 @@ func (s *mongoStore) acquireAll(ctx context.Context, as []attempt) ([]bool, erro
 		case errors.As(err, &bwe) && bwe.WriteConcernError == nil && len(bwe.WriteErrors) == 1:
 			// The statement that failed did not apply: a duplicate key
 			// (its filter missed a record that exists: held, or waited
-			// for) or another refusal of that statement alone.
-			for i := from; i < from+bwe.WriteErrors[0].Index; i++ {
+			// for) or another refusal of that statement alone. FerretDB
+			// v1 names the wrong statement (the first, whichever failed):
+			// there, any of the batch may have applied.
+			applied := from + bwe.WriteErrors[0].Index
+			if v1, err := s.ferretV1(ctx); err != nil || v1 {
+				applied = to
+			}
+			for i := from; i < applied; i++ {
 				took[i] = true
 			}
 			return took, nil
