@@ -228,6 +228,13 @@ func simMultiScript(k *multiChecker, c *Client, link *simLink, id int, plan mult
 		if !simMultiLocked(k, c, id, lk, plan.sets[id][j], timeout, time.Since(called), patient, err) {
 			continue
 		}
+		for _, l := range ls {
+			if err := l.Err(); err != nil && !plan.mutex[id][j] { // (a Mutex's TryLock may return a hold answered late: sim_test.go)
+				k.mu.Lock()
+				k.fail("client %d: Lock of %q returned a hold already ended: %v", id, plan.sets[id][j], err)
+				k.mu.Unlock()
+			}
+		}
 		k.acquired(id, ls, called)
 		if op.cut > 0 {
 			link.cut(op.cut)
