@@ -252,7 +252,10 @@ func (c *Client) lockAll(ctx context.Context, m *MultiMutex, name string, try bo
 		g := &gathering{c: c, ctx: ctx, m: m, cls: cls, try: try, held: make([]*Lease, len(cls)), slot: make([]bool, len(cls))}
 		ml, err = g.run()
 		attempts += g.attempts
-		if !errors.Is(err, errKeyLost) || ctx.Err() != nil {
+		switch {
+		case try && errors.Is(err, errKeyLost): // TryLock makes one attempt
+			return nil, m.keysError("lock", err)
+		case !errors.Is(err, errKeyLost) || ctx.Err() != nil:
 			return ml, err
 		}
 	}
