@@ -236,7 +236,7 @@ func (m *MultiMutex) claims(tr holdTrace) []claim {
 
 // lockAll takes every key of m (TryLock with try): the MultiMutex's Lock.
 // It restarts when the hold of a key it took is lost before it holds them
-// all (Lock only).
+// all (Lock only: TryLock returns that key's *LeaseLostError).
 func (c *Client) lockAll(ctx context.Context, m *MultiMutex, name string, try bool) (ml *MultiLease, err error) {
 	if err := c.begin(); err != nil {
 		return nil, err
@@ -253,10 +253,10 @@ func (c *Client) lockAll(ctx context.Context, m *MultiMutex, name string, try bo
 		ml, err = g.run()
 		attempts += g.attempts
 		switch {
-		case try && errors.Is(err, errKeyLost): // TryLock makes one attempt
-			return nil, m.keysError("lock", err)
-		case !errors.Is(err, errKeyLost) || ctx.Err() != nil:
+		case !errors.Is(err, errKeyLost):
 			return ml, err
+		case ctx.Err() != nil: // lost a key, and out of time to start again
+			return nil, m.keysError("lock", (&waitLog{}).waitError(ctx, m.keys[0], nil))
 		}
 	}
 }
@@ -306,10 +306,14 @@ func (g *gathering) run() (*MultiLease, error) {
 		if err := g.lockKey(wait, i); err != nil {
 			g.abort()
 			if context.Cause(wait) == errKeyLost {
-				if g.ctx.Err() == nil {
+				switch {
+				case g.try: // one attempt: the loss is its error
+					err = g.ml.Err()
+				case g.ctx.Err() == nil:
 					return nil, errKeyLost
+				default:
+					err = callersEnd(g.ctx, err) // the caller's ctx ended too, after the loss ended the wait
 				}
-				err = callersEnd(g.ctx, err) // the caller's ctx ended too, after the loss ended the wait
 			}
 			return nil, keyError("lock", g.cls[i].attempt.key, err)
 		}

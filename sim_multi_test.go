@@ -70,15 +70,20 @@ func drawMultiSimPlan(t *rapid.T) multiSimPlan {
 		}
 		var sets [][]string
 		var patient, mutex []bool
-		// Only a Client whose requests are all answered is patient: a
-		// request that is lost (a fault, a partition) is waited for until
-		// the ctx of its call ends; and the faults of a Client come round
-		// in turn, so that one whose acquires are all lost while its
-		// extensions land could hold its place in a queue for ever,
-		// deadlock or not. (A Client that is not patient holds up the
-		// others for at most its Lock's deadline.)
+		// Only a Client whose requests are all answered, within a second
+		// each way, is patient: a request that is lost (a fault, a
+		// partition) is waited for until the ctx of its call ends; the
+		// faults of a Client come round in turn, so that one whose
+		// acquires are all lost while its extensions land could hold its
+		// place in a queue for ever; and one whose extensions take longer
+		// than their timeout (half the time left of the lease) loses the
+		// keys it holds while it waits for the next, and starts again, for
+		// ever: a livelock, not a deadlock. (A Client that is not patient
+		// holds up the others for at most its Lock's deadline.)
 		answered := len(cp.cuts) == 0 &&
-			!slices.ContainsFunc(cp.faults, func(f netFault) bool { return f.lostReq || f.lostReply || f.nextLife }) &&
+			!slices.ContainsFunc(cp.faults, func(f netFault) bool {
+				return f.lostReq || f.lostReply || f.nextLife || f.up > time.Second || f.down > time.Second
+			}) &&
 			!slices.ContainsFunc(cp.ops, func(op simOp) bool { return op.cut > 0 })
 		for _, op := range cp.ops {
 			sets = append(sets, rapid.SliceOfN(rapid.SampledFrom(simMultiKeys), 1, 4).Draw(t, "keys"))
