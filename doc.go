@@ -1,6 +1,7 @@
 // Package dlock provides distributed locks stored in MongoDB: a [Mutex], an
 // [RWMutex], a [Semaphore] and an [Election], each hold of which is a [Lease]
-// with a fencing [Token].
+// with a fencing [Token]; and a [MultiMutex], which holds several Mutex keys
+// at once, all or none, taken in one order so that it cannot deadlock.
 //
 // A [Client] keeps one document per key. [Mutex.Lock] blocks until the
 // Client holds the key; the Lease is extended in the background, its

@@ -57,6 +57,9 @@ var (
 	// a [Election.Campaign]) that must wait while [MaxQueue] waiters are
 	// registered in the key's queue already. It leaves nothing registered.
 	ErrQueueFull = errors.New("dlock: too many waiters registered for the key")
+	// ErrTooManyKeys is returned by the Lock and TryLock of a [MultiMutex]
+	// of more than [MaxMultiKeys] keys. They send nothing.
+	ErrTooManyKeys = errors.New("dlock: too many keys")
 	// ErrTTLTooShort is returned by a Lock (and RLock, Acquire, Campaign)
 	// whose acquires are answered, several times in a row, after the
 	// lease's local deadline: the TTL ([WithTTL]) is shorter than the

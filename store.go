@@ -53,6 +53,13 @@ type entry struct {
 	Stored string
 }
 
+// holdOnly is r without its entries, data and trace context: the part of
+// a record that readAll returns.
+func (r record) holdOnly() record {
+	r.Shared, r.Waiters, r.Data, r.Trace = nil, nil, nil, holdTrace{}
+	return r
+}
+
 // free reports whether nobody holds the key, exclusively or shared.
 func (r record) free() bool { return r.Owner == "" && len(r.Shared) == 0 }
 
@@ -394,6 +401,23 @@ type store interface {
 	// there, and returns the record written; errNotOwner otherwise. It
 	// leaves the revision and the epoch alone.
 	mark(ctx context.Context, ref leaseRef, sleep bool) (record, error)
+	// acquireAll sends, in one write command (or a few, as extend), an
+	// exclusive acquire of each of as (a MultiMutex's keys), in order,
+	// unregistered and with no takeover: each makes its attempt the holder
+	// of its key, with a new token, if the record is absent, or of its
+	// kind, free and with no waiter registered (or held by that very
+	// attempt). It stops at the first that does not apply (an ordered bulk
+	// write), and reports which may have applied: a prefix of as, which
+	// may run past the first that did not (FerretDB v1 misreports which
+	// statement failed). readAll tells which did, and their tokens.
+	acquireAll(ctx context.Context, as []attempt) ([]bool, error)
+	// readAll returns the records of keys, in order, in one command (the
+	// zero record for a key that has none), and the floor; of each record
+	// only its exclusive hold and counters (record.holdOnly). The floor
+	// is read in the same command (a few more, once per collection, when
+	// its document is missing and a record is raw); only raw records need
+	// it, and it may be 0 when none is.
+	readAll(ctx context.Context, keys []string) ([]record, Token, error)
 	// register records attempt a as waiting for the exclusive hold of its
 	// key, with queue number a.queue+1, if the record exists, is of a's
 	// kind and its queue counter is at most a.queue (it becomes a.queue+1,

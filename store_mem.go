@@ -88,6 +88,11 @@ func (s *memStore) acquire(ctx context.Context, a attempt, takeover stamp) (reco
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.take(a, takeover)
+}
+
+// take is acquire, with s.mu held.
+func (s *memStore) take(a attempt, takeover stamp) (record, error) {
 	r, exists := s.get(a.key)
 	if exists && r.Kind != a.kind {
 		return record{}, errHeld
@@ -418,6 +423,36 @@ func (s *memStore) read(ctx context.Context, key string) (record, error) {
 	return r, nil
 }
 
+func (s *memStore) acquireAll(ctx context.Context, as []attempt) ([]bool, error) {
+	if err := s.begin(ctx); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	took := make([]bool, len(as))
+	for i, a := range as {
+		a.registered, a.shared, a.spare = false, false, false // as mongoStore sends them
+		if _, err := s.take(a, stamp{}); err != nil {
+			break // an ordered bulk write stops at its first failure
+		}
+		took[i] = true
+	}
+	return took, nil
+}
+
+func (s *memStore) readAll(ctx context.Context, keys []string) ([]record, Token, error) {
+	if err := s.begin(ctx); err != nil {
+		return nil, 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	recs := make([]record, len(keys))
+	for i, key := range keys {
+		recs[i] = s.records[key].holdOnly()
+	}
+	return recs, s.floorTok, nil
+}
+
 func (s *memStore) serverTime(ctx context.Context) (time.Time, bool, error) {
 	if err := s.begin(ctx); err != nil {
 		return time.Time{}, false, err
@@ -462,6 +497,20 @@ func (l *memLink) mark(ctx context.Context, ref leaseRef, sleep bool) (record, e
 		return record{}, err
 	}
 	return l.memStore.mark(ctx, ref, sleep)
+}
+
+func (l *memLink) acquireAll(ctx context.Context, as []attempt) ([]bool, error) {
+	if err := l.check(ctx); err != nil {
+		return nil, err
+	}
+	return l.memStore.acquireAll(ctx, as)
+}
+
+func (l *memLink) readAll(ctx context.Context, keys []string) ([]record, Token, error) {
+	if err := l.check(ctx); err != nil {
+		return nil, 0, err
+	}
+	return l.memStore.readAll(ctx, keys)
 }
 
 func (l *memLink) register(ctx context.Context, a attempt) (record, error) {

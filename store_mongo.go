@@ -440,6 +440,23 @@ func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover stamp) (re
 	if a.shared {
 		return s.acquireShared(ctx, a)
 	}
+	filter, update := exclusiveAcquire(a, takeover)
+	if a.registered {
+		// Registered, so the record exists: no upsert, whose miss costs
+		// the server a failed insert as well (measured on FerretDB v1: a
+		// miss takes a fifth less time without it).
+		r, err := s.modify(ctx, filter, update, "acquire", a.key)
+		if errors.Is(err, errNotOwner) {
+			err = errHeld
+		}
+		return r, err
+	}
+	return s.upsert(ctx, a.key, filter, update)
+}
+
+// exclusiveAcquire is the filter and update of an exclusive acquire
+// (store.acquire).
+func exclusiveAcquire(a attempt, takeover stamp) (filter, update bson.D) {
 	ours := bson.D{{Key: fOwner, Value: a.owner}, {Key: fHold, Value: a.hold}}
 	free := append(bson.D{{Key: fOwner, Value: ""}}, queueGate(a)...)
 	if a.kind == kindRW {
@@ -449,12 +466,12 @@ func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover stamp) (re
 	if takeover.rev != 0 {
 		or = append(or, append(stampFilter(takeover), queueGate(a)...))
 	}
-	filter := bson.D{{Key: "_id", Value: a.key}, kindFilter(a.kind), {Key: "$or", Value: or}}
+	filter = bson.D{{Key: "_id", Value: a.key}, kindFilter(a.kind), {Key: "$or", Value: or}}
 	tokens := int64(1)
 	if a.spare {
 		tokens = 2
 	}
-	update := append(newHold(a.owner, a.hold, a.ttl, tokens), bson.E{Key: "$setOnInsert", Value: bson.D{{Key: fRaw, Value: true}}})
+	update = append(newHold(a.owner, a.hold, a.ttl, tokens), bson.E{Key: "$setOnInsert", Value: bson.D{{Key: fRaw, Value: true}}})
 	var unset bson.D
 	if a.data != nil {
 		update[0].Value = append(update[0].Value.(bson.D), bson.E{Key: fData, Value: a.data})
@@ -475,17 +492,7 @@ func (s *mongoStore) acquire(ctx context.Context, a attempt, takeover stamp) (re
 	if unset != nil {
 		update = append(update, bson.E{Key: "$unset", Value: unset})
 	}
-	if a.registered {
-		// Registered, so the record exists: no upsert, whose miss costs
-		// the server a failed insert as well (measured on FerretDB v1: a
-		// miss takes a fifth less time without it).
-		r, err := s.modify(ctx, filter, update, "acquire", a.key)
-		if errors.Is(err, errNotOwner) {
-			err = errHeld
-		}
-		return r, err
-	}
-	return s.upsert(ctx, a.key, filter, update)
+	return filter, update
 }
 
 // stampFilter matches a record in state s (record.at).
@@ -859,6 +866,13 @@ func (s *mongoStore) batchLimit(ctx context.Context, n int) (int, error) {
 	return s.maxBatch, nil
 }
 
+// ferretV1 reports whether the server is FerretDB v1 (see batchLimit),
+// asking it the first time.
+func (s *mongoStore) ferretV1(ctx context.Context) (bool, error) {
+	n, err := s.batchLimit(ctx, ferretBatch+1)
+	return n == ferretBatch, err
+}
+
 // buildInfo is what dlock reads of the buildInfo reply. FerretDB v1 names
 // itself in ferretdbVersion; FerretDB v2 in ferretdb.version, and needs no
 // cap, so it is not read.
@@ -1146,4 +1160,105 @@ func count(n int, thing string) string {
 		return "1 " + thing
 	}
 	return strconv.Itoa(n) + " " + thing + "s"
+}
+
+func (s *mongoStore) acquireAll(ctx context.Context, as []attempt) ([]bool, error) {
+	models := make([]mongo.WriteModel, len(as))
+	for i, a := range as {
+		a.registered, a.shared, a.spare = false, false, false
+		filter, update := exclusiveAcquire(a, stamp{})
+		models[i] = mongo.NewUpdateOneModel().SetFilter(filter).SetUpdate(update).SetUpsert(true)
+	}
+	limit := len(models)
+	if limit > ferretBatch {
+		var err error
+		if limit, err = s.batchLimit(ctx, limit); err != nil {
+			return nil, failed(err, "dlock: acquire %s", count(len(as), "key"))
+		}
+	}
+	took := make([]bool, len(as))
+	// Ordered: the statements apply in order and the first that fails
+	// ends the command, so the keys taken are a prefix of as. (FerretDB v1
+	// ends an unordered one there too, while it reports the statements
+	// after it as applied.)
+	ordered := options.BulkWrite().SetOrdered(true)
+	for from := 0; from < len(models); from += limit {
+		to := min(from+limit, len(models))
+		s.counted(ctx, 1)
+		_, err := s.coll.BulkWrite(ctx, models[from:to], ordered)
+		var bwe mongo.BulkWriteException
+		switch {
+		case err == nil:
+			for i := from; i < to; i++ {
+				took[i] = true
+			}
+			continue
+		case errors.As(err, &bwe) && bwe.WriteConcernError == nil && len(bwe.WriteErrors) == 1:
+			// The statement that failed did not apply: a duplicate key
+			// (its filter missed a record that exists: held, or waited
+			// for) or another refusal of that statement alone. FerretDB
+			// v1 names the wrong statement (the first, whichever failed):
+			// there, any of the batch may have applied.
+			applied := from + bwe.WriteErrors[0].Index
+			if v1, err := s.ferretV1(ctx); err != nil || v1 {
+				applied = to
+			}
+			for i := from; i < applied; i++ {
+				took[i] = true
+			}
+			return took, nil
+		default:
+			return nil, failed(err, "dlock: acquire %s", count(len(as), "key"))
+		}
+	}
+	return took, nil
+}
+
+// holdProjection leaves out of a record what readAll does not return
+// (record.holdOnly), so that a reply for many keys stays small.
+var holdProjection = bson.D{{Key: fH, Value: 0}, {Key: fW, Value: 0}, {Key: fData, Value: 0}, {Key: fTrace, Value: 0}}
+
+func (s *mongoStore) readAll(ctx context.Context, keys []string) ([]record, Token, error) {
+	ids := make(bson.A, 0, len(keys)+1)
+	for _, k := range keys {
+		ids = append(ids, k)
+	}
+	ids = append(ids, floorID) // the floor, in the same command
+	s.counted(ctx, 1)
+	// A batch bigger than the reply: a full one leaves the cursor open,
+	// and costs a getMore.
+	opts := options.Find().SetProjection(holdProjection).SetBatchSize(int32(len(ids) + 1))
+	cur, err := s.coll.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}, opts)
+	if err != nil {
+		return nil, 0, failed(err, "dlock: read %s", count(len(keys), "key"))
+	}
+	var docs []struct {
+		ID    string  `bson:"_id"`
+		Floor int64   `bson:"floor"`
+		Doc   lockDoc `bson:",inline"` // named: the driver skips an embedded unexported type
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, 0, failed(err, "dlock: read %s", count(len(keys), "key"))
+	}
+	byKey := make(map[string]record, len(docs))
+	var floor Token
+	hasFloor, raw := false, false
+	for _, d := range docs {
+		if d.ID == floorID {
+			floor, hasFloor = Token(d.Floor), true
+			continue
+		}
+		byKey[d.ID] = d.Doc.record().holdOnly()
+		raw = raw || d.Doc.Raw
+	}
+	recs := make([]record, len(keys))
+	for i, k := range keys {
+		recs[i] = byKey[k]
+	}
+	if raw && !hasFloor { // never read at its string _id yet: see floor
+		if floor, err = s.floor(ctx); err != nil {
+			return nil, 0, err
+		}
+	}
+	return recs, floor, nil
 }

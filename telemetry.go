@@ -34,6 +34,9 @@ const (
 	attrIdle    = attribute.Key("dlock.prune.idle")
 	attrDeleted = attribute.Key("dlock.prune.deleted")
 
+	attrKeys   = attribute.Key("dlock.keys")   // a MultiMutex's keys, in the order it locks them
+	attrTokens = attribute.Key("dlock.tokens") // their tokens, in the same order
+
 	attrHolderOwner = attribute.Key("dlock.holder.owner")
 	attrHolderToken = attribute.Key("dlock.holder.token")
 )
@@ -131,6 +134,51 @@ func (t *telemetry) lockSpan(ctx context.Context, name, key, owner string) (cont
 	ctx, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient))
 	if span.IsRecording() {
 		span.SetAttributes(attrKey.String(key), attrOwner.String(owner))
+	}
+	return ctx, span
+}
+
+// multiLockSpan starts the span of one MultiMutex's Lock or TryLock call:
+// its waits for each key note their holders on it (heldBy).
+func (t *telemetry) multiLockSpan(ctx context.Context, name string, keys []string, owner string) (context.Context, trace.Span) {
+	ctx, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient))
+	if span.IsRecording() {
+		span.SetAttributes(attrKeys.StringSlice(keys), attrOwner.String(owner))
+	}
+	return ctx, span
+}
+
+// endMultiLock records the end of a MultiMutex's Lock or TryLock call:
+// as endLock, with a lease acquired per key.
+func (t *telemetry) endMultiLock(ctx context.Context, span trace.Span, start time.Time, attempts int, ml *MultiLease, err error) {
+	outcome := outcomeOf(ctx, err)
+	t.wait.Record(ctx, time.Since(start).Seconds(), t.byOutcome[outcome])
+	if ml != nil {
+		t.acquired.Add(ctx, int64(len(ml.keys)))
+	}
+	if span.IsRecording() {
+		span.SetAttributes(attrAttempts.Int(attempts), attrOutcome.String(outcome))
+		if ml != nil {
+			tokens := make([]int64, len(ml.leases))
+			for i, tok := range ml.Tokens() {
+				tokens[i] = int64(tok)
+			}
+			span.SetAttributes(attrTokens.Int64Slice(tokens))
+		}
+		if outcome == outcomeError {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+	}
+	span.End()
+}
+
+// multiReleaseSpan starts the span of one MultiMutex's Unlock or
+// MultiLease's Release.
+func (t *telemetry) multiReleaseSpan(ctx context.Context, keys []string, owner string) (context.Context, trace.Span) {
+	ctx, span := t.tracer.Start(ctx, "dlock.MultiRelease", trace.WithSpanKind(trace.SpanKindClient))
+	if span.IsRecording() {
+		span.SetAttributes(attrKeys.StringSlice(keys), attrOwner.String(owner))
 	}
 	return ctx, span
 }

@@ -17,7 +17,7 @@
 //
 // # dlock run
 //
-//	dlock run [flags] KEY -- COMMAND [ARGS...]
+//	dlock run [flags] KEY [KEY...] -- COMMAND [ARGS...]
 //
 // Run takes the lock KEY, waiting while another process holds it, then runs
 // COMMAND with these variables added to its environment:
@@ -31,6 +31,12 @@
 //	              random bits in hex
 //
 // and TRACEPARENT and TRACESTATE, as run got them (see Traces below).
+//
+// Given several keys, run takes them all or none, in sorted order, as a
+// dlock MultiMutex does (two runs on overlapping keys never deadlock), and
+// sets DLOCK_KEY_1 and DLOCK_TOKEN_1, DLOCK_KEY_2 and DLOCK_TOKEN_2, and
+// so on, in that order, instead of DLOCK_KEY and DLOCK_TOKEN. The lease is
+// lost, as below, when the hold of any one key is.
 //
 // While COMMAND runs, the lock's lease is extended in the background (every
 // third of -ttl). COMMAND's standard input, output and error are run's.

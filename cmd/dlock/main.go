@@ -37,7 +37,7 @@ type subcommand struct {
 // subcommands is the table main dispatches on, in the order usage lists
 // them. Add a verb by adding a row (and a section in doc.go).
 var subcommands = []*subcommand{
-	{name: "run", args: "KEY -- COMMAND [ARGS...]", summary: "run COMMAND while holding the lock KEY", run: runMain},
+	{name: "run", args: "KEY [KEY...] -- COMMAND [ARGS...]", summary: "run COMMAND while holding the lock KEY (or all the KEYs)", run: runMain},
 	{name: "elect", args: "NAME VALUE -- COMMAND [ARGS...]", summary: "run COMMAND while this process leads the election NAME", run: electMain},
 	{name: "status", args: "KEY", summary: "show who holds the lock KEY (or leads the election KEY)", run: statusMain},
 }

@@ -545,7 +545,7 @@ func TestUsage(t *testing.T) {
 	t.Run("no arguments", func(t *testing.T) {
 		status, _, stderr := dlockRun(t, nil)
 		assert.Equal(t, exitUsage, status)
-		assert.Contains(t, strings.Join(stderr, "\n"), "dlock run [flags] KEY -- COMMAND")
+		assert.Contains(t, strings.Join(stderr, "\n"), "dlock run [flags] KEY [KEY...] -- COMMAND")
 	})
 	for _, args := range [][]string{{"-h"}, {"help"}} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {

@@ -26,6 +26,12 @@ DLOCK_KEY, DLOCK_TOKEN (the fencing token of this hold) and DLOCK_OWNER in
 its environment, keeps the lock's lease extended while COMMAND runs, and
 releases the lock when COMMAND exits. It exits with COMMAND's status.
 
+Given several keys (KEY KEY... -- COMMAND), run takes them all, or none, in
+sorted order (a dlock MultiMutex, which never deadlocks with another run on
+overlapping keys), and sets DLOCK_KEY_1, DLOCK_TOKEN_1, DLOCK_KEY_2, ... in
+that order instead of DLOCK_KEY and DLOCK_TOKEN. The lease is lost when the
+hold of any one key is.
+
 If the lease is lost while COMMAND runs (the server could not be reached
 for a TTL, this process was frozen, or -max-hold passed), run sends SIGTERM
 to COMMAND's process group, SIGKILL after -grace, and exits with status 124.
@@ -79,14 +85,20 @@ func runMain(sub *subcommand, args []string) int {
 	switch {
 	case len(rest) == 0:
 		return failf(exitUsage, "dlock run: missing KEY -- COMMAND (dlock run -h for help)")
-	case len(rest) < 3 || rest[1] != "--":
-		return failf(exitUsage, "dlock run: want KEY -- COMMAND [ARGS...], with the flags before KEY (dlock run -h for help)")
+	case slices.Index(rest, "--") < 1 || slices.Index(rest, "--") == len(rest)-1 ||
+		slices.ContainsFunc(rest[1:slices.Index(rest, "--")], func(k string) bool { return strings.HasPrefix(k, "-") }): // a flag after KEY
+		return failf(exitUsage, "dlock run: want KEY -- COMMAND [ARGS...] (or KEY KEY... --), with the flags before KEY (dlock run -h for help)")
 	case f.timeout < 0:
 		return failf(exitUsage, "dlock run: -timeout %v is negative", f.timeout)
 	case f.grace < 0:
 		return failf(exitUsage, "dlock run: -grace %v is negative", f.grace)
 	}
-	r := &runner{verb: "run", flags: f, key: rest[0], argv: rest[2:]}
+	i := slices.Index(rest, "--")
+	r := &runner{verb: "run", flags: f, key: rest[0], argv: rest[i+1:]}
+	if i > 1 {
+		r.keys = rest[:i]
+		r.key = strings.Join(rest[:i], " ")
+	}
 	return r.run()
 }
 
@@ -96,7 +108,8 @@ func runMain(sub *subcommand, args []string) int {
 type runner struct {
 	verb  string // "run" or "elect": the subcommand, for messages
 	flags runFlags
-	key   string // KEY, or the election's NAME
+	key   string   // KEY, or the election's NAME; with several keys, them, space-separated
+	keys  []string // the keys, when there are several (a MultiMutex), else nil
 	argv  []string
 	elect bool   // campaign for key with value, rather than lock it
 	value string // elect: the leader's value
@@ -107,6 +120,38 @@ type runner struct {
 	mc     *mongo.Client     // set once connected
 	client *dlock.Client     // set once connected
 	lease  *dlock.Lease      // set once held
+	multi  *dlock.MultiLease // with keys: set once held, instead of lease
+}
+
+// A hold is what COMMAND runs under: a Lease, or a MultiLease.
+type hold interface {
+	Lost() <-chan struct{}
+	Err() error
+	Release(ctx context.Context) error
+}
+
+// held returns the hold, or nil when there is none.
+func (r *runner) held() hold {
+	switch {
+	case r.multi != nil:
+		return r.multi
+	case r.lease != nil:
+		return r.lease
+	}
+	return nil
+}
+
+// holdEnv is the environment that names the hold's keys and tokens.
+func (r *runner) holdEnv() []string {
+	if r.multi == nil {
+		return []string{"DLOCK_KEY=" + r.key, "DLOCK_TOKEN=" + strconv.FormatUint(uint64(r.lease.Token()), 10)}
+	}
+	var env []string
+	for i, k := range r.multi.Keys() {
+		n := strconv.Itoa(i + 1)
+		env = append(env, "DLOCK_KEY_"+n+"="+k, "DLOCK_TOKEN_"+n+"="+strconv.FormatUint(uint64(r.multi.Token(k)), 10))
+	}
+	return env
 }
 
 // errInterrupted is the cause of a wait ended by one of stopSignals.
@@ -192,7 +237,11 @@ func (r *runner) acquire(ctx context.Context) int {
 			if r.elect {
 				what = "leading"
 			}
-			fmt.Fprintf(os.Stderr, "dlock %s: %s %q with token %d\n", r.verb, what, r.key, r.lease.Token())
+			if r.multi != nil {
+				fmt.Fprintf(os.Stderr, "dlock %s: %s %q with tokens %v\n", r.verb, what, r.key, r.multi.Tokens())
+			} else {
+				fmt.Fprintf(os.Stderr, "dlock %s: %s %q with token %d\n", r.verb, what, r.key, r.lease.Token())
+			}
 		}
 		return 0
 	case context.Cause(ctx) == errInterrupted:
@@ -204,7 +253,7 @@ func (r *runner) acquire(ctx context.Context) int {
 	case errors.Is(err, dlock.ErrTTLTooShort):
 		return failf(exitUsage, "dlock %s: %s (raise -ttl)", r.verb, errorText(err))
 	case errors.Is(err, dlock.ErrInvalidKey), errors.Is(err, dlock.ErrInvalidOption),
-		errors.Is(err, dlock.ErrKindMismatch): // no retry mends these
+		errors.Is(err, dlock.ErrKindMismatch), errors.Is(err, dlock.ErrTooManyKeys): // no retry mends these
 		return failf(exitUsage, "dlock %s: %s", r.verb, errorText(err))
 	default:
 		return failf(exitUnavailable, "dlock %s: %s", r.verb, errorText(err))
@@ -218,6 +267,9 @@ func (r *runner) lock(wait context.Context) error {
 	if r.flags.verbose {
 		fmt.Fprintf(os.Stderr, "dlock run: locking %q\n", r.key)
 	}
+	if r.keys != nil {
+		return r.lockAll(wait)
+	}
 	mu := r.client.NewMutex(r.key)
 	err := mu.TryLock(wait)
 	if err != nil && !r.flags.try && wait.Err() == nil &&
@@ -229,6 +281,26 @@ func (r *runner) lock(wait context.Context) error {
 	}
 	if err == nil {
 		if r.lease = mu.Lease(); r.lease == nil { // lost already (this process was paused)
+			err = fmt.Errorf("dlock: the lease on %q was lost as soon as it was taken", r.key)
+		}
+	}
+	return err
+}
+
+// lockAll takes every key (dlock run with several keys), and sets
+// r.multi, as lock does for one.
+func (r *runner) lockAll(wait context.Context) error {
+	mu := r.client.NewMultiMutex(r.keys)
+	err := mu.TryLock(wait)
+	if err != nil && !r.flags.try && wait.Err() == nil &&
+		!errors.Is(err, dlock.ErrInvalidKey) && !errors.Is(err, dlock.ErrTooManyKeys) && !errors.Is(err, dlock.ErrKindMismatch) {
+		if errors.Is(err, dlock.ErrLocked) && r.flags.verbose {
+			fmt.Fprintf(os.Stderr, "dlock run: %q is held; waiting\n", r.key)
+		}
+		err = mu.Lock(wait)
+	}
+	if err == nil {
+		if r.multi = mu.Lease(); r.multi == nil { // lost already (this process was paused)
 			err = fmt.Errorf("dlock: the lease on %q was lost as soon as it was taken", r.key)
 		}
 	}
@@ -250,11 +322,9 @@ func (r *runner) campaign(wait context.Context) error {
 
 // supervise runs COMMAND under the lease, and returns the exit status.
 func (r *runner) supervise(sigs <-chan os.Signal) int {
-	lease := r.lease
+	lease := r.held()
 	cmd := exec.Command(r.argv[0], r.argv[1:]...)
-	cmd.Env = append(withTraceContext(os.Environ(), r.parent),
-		"DLOCK_KEY="+r.key,
-		"DLOCK_TOKEN="+strconv.FormatUint(uint64(lease.Token()), 10),
+	cmd.Env = append(append(withTraceContext(os.Environ(), r.parent), r.holdEnv()...),
 		"DLOCK_OWNER="+r.client.Owner()) // as stored in the lock
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	ownGroup(cmd)
@@ -348,8 +418,7 @@ func startCommand(cmd *exec.Cmd) (<-chan error, error) {
 func (r *runner) close() {
 	ctx, cancel := context.WithTimeout(r.inJob(context.Background()), max(r.flags.ttl, time.Second))
 	defer cancel()
-	if r.lease != nil {
-		lease := r.lease
+	if lease := r.held(); lease != nil {
 		err := lease.Release(ctx)
 		switch {
 		case err == nil:
