@@ -318,12 +318,12 @@ func (l *Lease) end(err error, lostCause string) bool {
 		return false
 	}
 	l.err = err
+	if l.cancel != nil { // first: whoever sees Done or Lost closed finds Context cancelled too
+		l.cancel(err)
+	}
 	closeOrMark(&l.done)
 	if lostCause != "" {
 		closeOrMark(&l.lost)
-	}
-	if l.cancel != nil {
-		l.cancel(err)
 	}
 	l.mu.Unlock()
 	if l.c.ext.remove(l) && l.role != roleWaiter {

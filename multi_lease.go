@@ -93,13 +93,13 @@ func (ml *MultiLease) end(err error, lost bool) {
 		return
 	}
 	ml.err = err
+	ml.cancel(err) // first: whoever sees Done or Lost closed finds Context cancelled too
 	close(ml.done)
 	if lost {
 		close(ml.lost)
 	}
 	hook := ml.lostHook
 	ml.mu.Unlock()
-	ml.cancel(err)
 	if lost && hook != nil {
 		hook()
 	}
