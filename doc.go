@@ -74,7 +74,8 @@
 // waiters ahead gets the key after at most 2(k+1) holds, each followed by
 // a poll interval (after a hold during which the key stood still for a
 // TTL, a sixteenth of that hold, at most a quarter TTL), and a waiter ahead
-// that crashed is cleared within 1¼ TTLs and a poll of its last extension. Semaphore waiters and TryLock do not queue. [docs/fairness.md]
+// that crashed is cleared within 1¼ TTLs and a poll of its last extension.
+// Semaphore waiters and TryLock do not queue. [docs/fairness.md]
 // has the queue in full, and [docs/design.md] the lock document, its rules
 // and the safety argument.
 //
