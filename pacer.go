@@ -193,16 +193,24 @@ func (p *pacing) sawQueue(q int64, n int) {
 }
 
 // sleepy reports whether a registration for a key of kind made now
-// starts asleep: as rules' doze says for the waiters its primitive last
-// saw registered, who would all be ahead of it. An RWMutex's writers
-// never sleep: their registrations keep readers out, so a sleeping one
-// would hold up a free key.
+// starts asleep: as dozes says for the waiters its primitive last saw
+// registered, who would all be ahead of it.
 func (p *pacing) sleepy(rules pacer, kind string) bool {
 	p.mu.Lock()
 	n := p.waiting
 	p.mu.Unlock()
-	sleep, change := rules.doze(n, false)
-	return kind != kindRW && sleep && change
+	sleep, change := dozes(rules, kind, n, false)
+	return sleep && change
+}
+
+// dozes is rules' doze for a waiter of a key of kind: an RWMutex's
+// writers never sleep, as their registrations keep readers out, so a
+// sleeping one would hold up a free key.
+func dozes(rules pacer, kind string, ahead int, asleep bool) (sleep, change bool) {
+	if kind == kindRW {
+		return false, false
+	}
+	return rules.doze(ahead, asleep)
 }
 
 // start returns the backoff of a wait that begins at now (lastWait).

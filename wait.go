@@ -435,10 +435,10 @@ func (x *exclusiveWait) read() (step, error) {
 // with the record the write returned. A registration found gone was
 // cleared: the wait registers again.
 func (x *exclusiveWait) remark(r *record) error {
-	if !x.q.registered() || x.a.kind == kindRW { // see pacing.sleepy
+	if !x.q.registered() {
 		return nil
 	}
-	sleep, change := x.c.pacer.doze(len(x.q.ahead), x.q.sleep)
+	sleep, change := dozes(x.c.pacer, x.a.kind, len(x.q.ahead), x.q.sleep)
 	if !change || sleep == x.q.sleep {
 		return nil
 	}
