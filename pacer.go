@@ -34,12 +34,12 @@ type pacer interface {
 	// (planTurn, planHead): the liveness bounds hold whatever it answers,
 	// a plan aimed hours late included (Client.acquire's watches' check).
 	aim(tp turnPlan) turnPlan
-	// doze says whether a registered waiter with ahead waiters ahead of
-	// it, its registration marked asleep or not, changes its mark (change)
-	// to sleep: exclusion and the queue's order hold whatever it answers,
+	// doze says whether a registered waiter with awake waiters awake ahead
+	// of it, its registration marked asleep or not, changes its mark
+	// (change) to sleep: exclusion and the queue's order hold whatever it answers,
 	// as the server checks every mark a claim passes (the simulation runs
 	// a pacer that marks at random).
-	doze(ahead int, asleep bool) (sleep, change bool)
+	doze(awake int, asleep bool) (sleep, change bool)
 }
 
 // A rule is one of the pacing rules that a pacer may follow, each for
@@ -64,18 +64,20 @@ func (rulesPacer) uses(rule) bool { return true }
 
 func (rulesPacer) aim(tp turnPlan) turnPlan { return tp }
 
-func (rulesPacer) doze(ahead int, asleep bool) (sleep, change bool) { return byPlace(ahead, asleep) }
+func (rulesPacer) doze(awake int, asleep bool) (sleep, change bool) { return byPlace(awake, asleep) }
 
 // byPlace is ruleSleep: a waiter is awake while fewer than awakePlaces
-// waiters are ahead of it, and marks its registration asleep once it sees
-// sleepPlaces or more ahead. Between the
-// two it keeps its mark, so a registration changes it at most once each
-// way: the waiters ahead only ever leave.
-func byPlace(ahead int, asleep bool) (sleep, change bool) {
+// waiters awake are ahead of it, and marks its registration asleep once it
+// sees sleepPlaces or more. It counts only the awake: a sleeper ahead holds
+// up no claim, and one that died asleep never wakes, so counting sleepers
+// would keep a live waiter asleep behind the dead while the key stands
+// free. Between the two it keeps its mark, so a waiter whose view of those
+// ahead only shrinks changes its mark at most once each way.
+func byPlace(awake int, asleep bool) (sleep, change bool) {
 	if asleep {
-		return false, ahead < awakePlaces
+		return false, awake < awakePlaces
 	}
-	return true, ahead >= sleepPlaces
+	return true, awake >= sleepPlaces
 }
 
 // The places in the queue that stay awake (byPlace): four, as with two
@@ -94,7 +96,7 @@ type pacing struct {
 	mu      sync.Mutex
 	last    lastWait      // guarded by mu
 	queue   int64         // guarded by mu
-	waiting int           // guarded by mu: how many waiters were registered, as last seen
+	awake   int           // guarded by mu: how many registered waiters were awake, as last seen
 	counter counterSeen   // guarded by mu: the token counter as last seen to change, and when (sent: when the reply came)
 	every   time.Duration // guarded by mu: how often the key changes hands, estimated
 	turn    time.Duration // guarded by mu: a requeued wait's turn, per waiter ahead, as learnt (planTurn)
@@ -184,20 +186,26 @@ func (p *pacing) queueGuess() int64 {
 // (docs/fairness.md prices it).
 const queueSlack = 64
 
-// sawQueue records the key's queue counter q and the number of waiters
-// registered, n.
-func (p *pacing) sawQueue(q int64, n int) {
+// sawQueue records the key's queue counter and how many of its registered
+// waiters are awake, as r shows them.
+func (p *pacing) sawQueue(r record) {
+	awake := 0
+	for _, e := range r.Waiters {
+		if !e.Sleep {
+			awake++
+		}
+	}
 	p.mu.Lock()
-	p.queue, p.waiting = q, n
+	p.queue, p.awake = r.Queue, awake
 	p.mu.Unlock()
 }
 
 // sleepy reports whether a registration for a key of kind made now
 // starts asleep: as dozes says for the waiters its primitive last saw
-// registered, who would all be ahead of it.
+// registered awake, who would all be ahead of it.
 func (p *pacing) sleepy(rules pacer, kind string) bool {
 	p.mu.Lock()
-	n := p.waiting
+	n := p.awake
 	p.mu.Unlock()
 	sleep, change := dozes(rules, kind, n, false)
 	return sleep && change
@@ -206,11 +214,11 @@ func (p *pacing) sleepy(rules pacer, kind string) bool {
 // dozes is rules' doze for a waiter of a key of kind: an RWMutex's
 // writers never sleep, as their registrations keep readers out, so a
 // sleeping one would hold up a free key.
-func dozes(rules pacer, kind string, ahead int, asleep bool) (sleep, change bool) {
+func dozes(rules pacer, kind string, awake int, asleep bool) (sleep, change bool) {
 	if kind == kindRW {
 		return false, false
 	}
-	return rules.doze(ahead, asleep)
+	return rules.doze(awake, asleep)
 }
 
 // start returns the backoff of a wait that begins at now (lastWait).
@@ -336,7 +344,7 @@ func (s *schedule) failed() { s.plan.on = false }
 func (s *schedule) took(r record, sent, now time.Time, rtt time.Duration, kept, registered bool) {
 	p := s.p
 	p.sawToken(r.Token, now)
-	p.sawQueue(r.Queue, len(r.Waiters))
+	p.sawQueue(r)
 	p.tookTurn(s.plan, now)
 	p.took(sent, now, rtt, kept)
 	if s.polls != nil || registered {

@@ -36,9 +36,9 @@ func (p randomPacer) uses(rule) bool { return p.plan }
 // doze, with marks, marks a registration asleep or awake at random,
 // whatever its place; otherwise as dlock's pacer does. (The liveness
 // scenes set their queues up in order, which a sleeper lets others pass.)
-func (p randomPacer) doze(ahead int, asleep bool) (bool, bool) {
+func (p randomPacer) doze(awake int, asleep bool) (bool, bool) {
 	if !p.marks {
-		return byPlace(ahead, asleep)
+		return byPlace(awake, asleep)
 	}
 	return rand.IntN(2) == 0, rand.IntN(2) == 0
 }
@@ -67,7 +67,7 @@ func (stalePlans) sleep(proposed, _ time.Duration) time.Duration { return propos
 
 func (stalePlans) uses(rule) bool { return true }
 
-func (stalePlans) doze(ahead int, asleep bool) (bool, bool) { return byPlace(ahead, asleep) }
+func (stalePlans) doze(awake int, asleep bool) (bool, bool) { return byPlace(awake, asleep) }
 
 func (p stalePlans) aim(tp turnPlan) turnPlan {
 	if tp.on {
@@ -85,11 +85,11 @@ func (p withoutRule) uses(r rule) bool { return r != p.off }
 
 func (withoutRule) aim(tp turnPlan) turnPlan { return tp }
 
-func (p withoutRule) doze(ahead int, asleep bool) (bool, bool) {
+func (p withoutRule) doze(awake int, asleep bool) (bool, bool) {
 	if p.off == ruleSleep {
 		return false, false
 	}
-	return byPlace(ahead, asleep)
+	return byPlace(awake, asleep)
 }
 
 // pacers are the pacers every liveness bound must hold for.

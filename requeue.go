@@ -78,7 +78,7 @@ func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) 
 		c.dropRegistration(a)
 		return true, err
 	}
-	cl.pace.sawQueue(r.Queue, len(r.Waiters))
+	cl.pace.sawQueue(r)
 	reg := c.registration(cl.cfg, a, sent)
 	lo := &leftover{lease: reg, a: a, pace: cl.pace, r: r, at: at, busy: at.Sub(cl.pace.batchSince(l.acquired)), taken: make(chan struct{})}
 	if !c.ext.add(reg) || !c.leaveFor(cl, lo) {

@@ -438,7 +438,11 @@ func (x *exclusiveWait) remark(r *record) error {
 	if !x.q.registered() {
 		return nil
 	}
-	sleep, change := dozes(x.c.pacer, x.a.kind, len(x.q.ahead), x.q.sleep)
+	awake := x.q.awake
+	if x.c.cfg.hooks.flawed(flawWakeCountsSleepers) {
+		awake = len(x.q.ahead)
+	}
+	sleep, change := dozes(x.c.pacer, x.a.kind, awake, x.q.sleep)
 	if !change || sleep == x.q.sleep {
 		return nil
 	}
@@ -620,7 +624,7 @@ func (c *Client) view(cl claim, a attempt, r record, ew *entryWatch, q *queueing
 		return kindError(a.key, a.kind, r.Kind)
 	}
 	if r.Rev != 0 {
-		cl.pace.sawQueue(r.Queue, len(r.Waiters))
+		cl.pace.sawQueue(r)
 		cl.pace.sawToken(r.Token, c.clock.Now())
 	}
 	blocking := r
