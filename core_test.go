@@ -112,6 +112,16 @@ func (h *hooked) releaseAll(ctx context.Context, refs []leaseRef) error {
 	return h.run(ctx, "releaseAll", func() error { return h.store.releaseAll(ctx, refs) })
 }
 
+func (h *hooked) acquireAll(ctx context.Context, as []attempt) (took []bool, err error) {
+	err = h.run(ctx, "acquireAll", func() (err error) { took, err = h.store.acquireAll(ctx, as); return err })
+	return took, err
+}
+
+func (h *hooked) readAll(ctx context.Context, keys []string) (recs []record, floor Token, err error) {
+	err = h.run(ctx, "readAll", func() (err error) { recs, floor, err = h.store.readAll(ctx, keys); return err })
+	return recs, floor, err
+}
+
 func (h *hooked) abandon(ctx context.Context, a attempt) error {
 	return h.run(ctx, "abandon", func() error { return h.store.abandon(ctx, a) })
 }
@@ -199,7 +209,7 @@ func applyThenHang(ctx context.Context, call func() error) error {
 }
 
 // storeOps names every operation of the store interface.
-var storeOps = []string{"acquire", "handoff", "extend", "release", "setData", "releaseAll", "abandon", "read",
+var storeOps = []string{"acquire", "handoff", "extend", "release", "setData", "releaseAll", "acquireAll", "readAll", "abandon", "read",
 	"floor", "idle", "raiseFloor", "remove", "register", "mark", "requeue", "reap", "serverTime"}
 
 // stop makes every operation hang, as a crashed or cut-off process's

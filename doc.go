@@ -68,16 +68,12 @@
 // # Fairness
 //
 // Across Clients, a [Mutex.Lock], [RWMutex.Lock] or [Election.Campaign] that
-// finds the key held queues in its document, first come, first served
-// among the waiters awake: a waiter eight or more places back may sleep,
-// and is passed while it does, never once it woke; an awake waiter with k
-// waiters ahead gets the key after at most 2(k+1) holds, each followed by
-// a poll interval (after a hold during which the key stood still for a
-// TTL, a sixteenth of that hold, at most a quarter TTL), and a waiter ahead
-// that crashed is cleared within 1¼ TTLs and a poll of its last extension.
-// Semaphore waiters and TryLock do not queue. [docs/fairness.md]
-// has the queue in full, and [docs/design.md] the lock document, its rules
-// and the safety argument.
+// finds the key held queues in its document, first come, first served among
+// the waiters awake (one behind eight awake may sleep, and is passed while it
+// does); a waiter with k ahead gets the key after at most 2(k+1) holds, and
+// one ahead that crashed is cleared within 1¼ TTLs and a poll of its last
+// extension. Semaphore waiters and TryLock do not queue. [docs/fairness.md]
+// has the queue and its bounds, [docs/design.md] the document and the proof.
 //
 // [docs/design.md]: https://github.com/dlock-go/dlock/blob/main/docs/design.md
 // [docs/fairness.md]: https://github.com/dlock-go/dlock/blob/main/docs/fairness.md

@@ -123,14 +123,19 @@ func (m *MultiMutex) Lease() *MultiLease {
 // waits for each key, in the canonical order, as [Mutex.Lock] does,
 // holding the keys before it meanwhile (see MultiMutex). If the hold of a
 // key it already took is lost while it waits for a later one, it gives
-// every key back and starts again.
+// every key back and starts again. A bulk write whose reply comes too late
+// for the TTL halves the next one, and a key taken alone whose replies are
+// late three times in a row ends the Lock with [ErrTTLTooShort], as for a
+// Mutex: on a slow server Lock makes progress while single-key round trips
+// fit in the TTL, and fails with that error when they do not.
 //
 // When ctx ends first, Lock returns an error that matches ctx.Err() with
 // [errors.Is] and wraps the [*WaitError] of the key it was waiting for,
 // and leaves nothing held and nothing registered, on any key: the keys it
 // held are given back in one write (in the background when ctx had ended
-// already, bounded by a second), and the wait in progress cleans up as a
-// Mutex's does. Any other failure (the Client closed: [ErrClosed]; a key
+// already, bounded by a second; a key that write does not free in time
+// expires a TTL after its last extension, as it is no longer extended),
+// and the wait in progress cleans up as a Mutex's does. Any other failure (the Client closed: [ErrClosed]; a key
 // used by another kind of lock: [ErrKindMismatch]; the server's error that
 // waiting will not mend) leaves nothing held either. A ctx that has
 // already ended returns at once, with no command sent. A lost hold of the
@@ -143,7 +148,9 @@ func (m *MultiMutex) Lock(ctx context.Context) error {
 // matching [ErrLocked] when any of them is held by another owner or
 // waited for (its message names the key), or is held or being acquired
 // by another goroutine or Mutex of this Client. It takes all the keys or
-// none: whatever it took is given back, in one write, before it returns.
+// none: whatever it took is given back, in one write, before it returns;
+// when that write fails too, in the background, bounded by a second, and
+// a key it could not free then expires a TTL after it was taken.
 // Uncontended it is two commands; for a key its bulk write did not take,
 // it makes the attempt of [Mutex.TryLock] (which takes over a hold this
 // Client abandoned, and clears a queue of crashed waiters), and fails at
@@ -246,12 +253,12 @@ func (c *Client) lockAll(ctx context.Context, m *MultiMutex, name string, try bo
 	parent := ctx
 	ctx, span := c.tel.multiLockSpan(ctx, name, m.keys, c.owner)
 	cls := m.claims(traceOf(span, parent))
-	attempts := 0
+	attempts, limit := 0, len(cls)
 	defer func() { c.tel.endMultiLock(ctx, span, start, attempts, ml, err) }()
 	for {
-		g := &gathering{c: c, ctx: ctx, m: m, cls: cls, try: try, held: make([]*Lease, len(cls)), slot: make([]bool, len(cls))}
+		g := &gathering{c: c, ctx: ctx, m: m, cls: cls, try: try, held: make([]*Lease, len(cls)), slot: make([]bool, len(cls)), limit: limit}
 		ml, err = g.run()
-		attempts += g.attempts
+		attempts, limit = attempts+g.attempts, g.limit
 		switch {
 		case !errors.Is(err, errKeyLost):
 			return ml, err
@@ -277,6 +284,7 @@ type gathering struct {
 	slot     []bool   // by key: this call holds the Client's slot for it
 	ml       *MultiLease
 	attempts int
+	limit    int // the most keys a bulk write may take: halved after one answered too late (bulkOnce)
 }
 
 // run takes the keys in order: each run of them whose slots in this
@@ -439,58 +447,81 @@ func (c *Client) giveBack(ctx context.Context, refs []leaseRef) {
 	c.tidy(cleanupTimeout, func(ctx context.Context) { c.store.releaseAll(ctx, refs) })
 }
 
-// bulk takes keys from the one at i on, with one ordered bulk write that
-// stops at the first it misses, and reads back the tokens of those it
-// took in one command. It sends nothing for fewer than two keys whose
-// slots in this Client it can take at once. It returns how many keys it
-// holds from i on; it keeps the slot of the next, and passes on those of
-// the keys after it.
+// bulk takes keys from the one at from on, with ordered bulk writes that
+// stop at the first key they miss, each followed by a read of the tokens
+// of the keys it took (bulkOnce). It sends nothing for fewer than two keys
+// whose slots in this Client it can take at once. It returns how many keys
+// it holds from from on; it keeps the slot of the next, and passes on
+// those of the keys after it.
 func (g *gathering) bulk(from int) (int, error) {
-	c := g.c
 	n := g.takeSlots(from)
-	if n < 2 {
-		g.leave(from + 1)
-		return 0, nil
+	held := 0
+	for n-held >= 2 && g.limit >= 2 {
+		k, whole, err := g.bulkOnce(from+held, min(n-held, g.limit))
+		held += k
+		if err != nil {
+			return held, err
+		}
+		if !whole {
+			break
+		}
 	}
+	g.leave(from + held + 1)
+	return held, nil
+}
+
+// bulkOnce takes up to n keys from the one at at on, with one ordered
+// bulk write (of fewer when the server takes fewer in one command), and
+// reads back the tokens of those it took in one command. Each write's
+// holds are timed from its own send, so a Lock of many keys on a slow
+// server keeps what each write took in time. A write whose holds were
+// answered too late halves the next one's size: at most log2(MaxMultiKeys)
+// of them in a Lock, each followed by a key taken alone, whose late
+// replies end the Lock with ErrTTLTooShort as a Mutex's do. It returns
+// how many keys it took and kept, and whether those were all it sent.
+func (g *gathering) bulkOnce(at, n int) (kept int, whole bool, err error) {
+	c := g.c
 	as := make([]attempt, n)
 	for i := range as {
-		as[i] = g.cls[from+i].attempt
+		as[i] = g.cls[at+i].attempt
 		as[i].owner, as[i].hold = c.owner, c.holdIDs.Add(1)
 	}
 	g.attempts++
 	sent := c.clock.Now()
 	took, err := c.store.acquireAll(g.ctx, as)
 	if err != nil {
-		return g.bulkFailed(from, as, nil, err)
+		return 0, false, g.bulkFailed(at, as, nil, err)
 	}
-	t := n // the keys took: a prefix, as the write stops at the first miss
-	if i := slices.Index(took, false); i >= 0 {
-		t = i
+	as = as[:len(took)]            // the statements sent
+	t := slices.Index(took, false) // the keys took: a prefix, as the write stops at the first miss
+	if t < 0 {
+		t = len(took)
 	}
-	kept := 0
+	late := false
 	if t > 0 {
-		if kept, err = g.grantBulk(from, as[:t], sent); err != nil {
-			return g.bulkFailed(from, as, took, err)
+		if kept, late, err = g.grantBulk(at, as[:t], sent); err != nil {
+			return kept, false, g.bulkFailed(at+kept, as[kept:], took[kept:], err)
 		}
 	}
 	if kept < t { // read back otherwise (the read lagged, or came too late): give those back
 		c.giveBack(g.ctx, abandoned(as[kept:t], nil))
 	}
-	g.leave(from + kept + 1)
-	return kept, nil
+	if late {
+		g.limit = len(as) / 2
+	}
+	return kept, kept == len(as), nil
 }
 
-// bulkFailed ends a bulk take whose write or read failed with err: what
-// the acquires of as may have taken (those that took, or all when took is
-// nil) is given back in the background. TryLock fails, and so does Lock
-// when Close has begun, when ctx has ended, or when the error is not one
-// that waiting mends; otherwise Lock goes on with the key at from alone.
-func (g *gathering) bulkFailed(from int, as []attempt, took []bool, err error) (int, error) {
-	c := g.c
-	refs := abandoned(as, took)
-	c.tidy(cleanupTimeout, func(ctx context.Context) { c.store.releaseAll(ctx, refs) })
-	g.ml.drop(from)
-	for i := from; i < len(g.held); i++ {
+// bulkFailed ends a bulk take at key at whose write or read failed with
+// err: what the acquires of as may have taken (those that took, or all
+// when took is nil) is given back, in one write while ctx lasts (giveBack).
+// TryLock fails, and so does Lock when Close has begun, when ctx has
+// ended, or when the error is not one that waiting mends; otherwise Lock
+// goes on with the key at at alone.
+func (g *gathering) bulkFailed(at int, as []attempt, took []bool, err error) error {
+	g.c.giveBack(g.ctx, abandoned(as, took))
+	g.ml.drop(at)
+	for i := at; i < len(g.held); i++ {
 		if l := g.held[i]; l != nil {
 			l.end(ErrReleased, "") // given back above
 			g.held[i] = nil
@@ -498,20 +529,20 @@ func (g *gathering) bulkFailed(from int, as []attempt, took []bool, err error) (
 	}
 	switch {
 	case g.ctx.Err() != nil:
-		return 0, (&waitLog{}).waitError(g.ctx, as[0].key, err)
+		return (&waitLog{}).waitError(g.ctx, as[0].key, err)
 	case g.try || errors.Is(err, ErrClosed) || !transient(err):
-		return 0, err
+		return err
 	}
-	g.leave(from + 1)
-	return 0, nil
+	return nil
 }
 
 // grantBulk reads back the records of the keys of as, which the bulk
-// write took, and makes the lease of each, in order, while the read shows
-// it held by its attempt in time for its lease (for key from+i, as[i]).
-// It returns how many it made; the caller gives back the rest. ErrClosed
-// when Close has begun.
-func (g *gathering) grantBulk(from int, as []attempt, sent time.Time) (int, error) {
+// write sent at sent took, and makes the lease of each, in order, while
+// the read shows it held by its attempt in time for its lease (for key
+// at+i, as[i]). It returns how many it made, and whether it stopped at a
+// hold answered too late; the caller gives back the rest. ErrClosed when
+// Close has begun.
+func (g *gathering) grantBulk(at int, as []attempt, sent time.Time) (kept int, late bool, err error) {
 	c := g.c
 	keys := make([]string, len(as))
 	for i, a := range as {
@@ -520,24 +551,24 @@ func (g *gathering) grantBulk(from int, as []attempt, sent time.Time) (int, erro
 	g.attempts++
 	recs, floor, err := c.store.readAll(g.ctx, keys)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	for i, r := range recs {
 		a := as[i]
 		if r.Owner != a.owner || r.Hold != a.hold {
-			return i, nil
+			return i, false, nil
 		}
 		a.raw = r.Raw
-		l, err := c.grant(g.cls[from+i], a, bulkToken(r, floor), roleExclusive, sent)
+		l, err := c.grant(g.cls[at+i], a, bulkToken(r, floor), roleExclusive, sent)
 		switch {
 		case errors.Is(err, ErrClosed):
-			return i, err
+			return i, false, err
 		case err != nil: // answered past its deadline: the hold is a's, and given back
-			return i, nil
+			return i, true, nil
 		}
-		g.hold(from+i, l)
+		g.hold(at+i, l)
 	}
-	return len(as), nil
+	return len(as), false, nil
 }
 
 // bulkToken is the token of the hold that an acquire of a bulk write made

@@ -401,15 +401,17 @@ type store interface {
 	// there, and returns the record written; errNotOwner otherwise. It
 	// leaves the revision and the epoch alone.
 	mark(ctx context.Context, ref leaseRef, sleep bool) (record, error)
-	// acquireAll sends, in one write command (or a few, as extend), an
-	// exclusive acquire of each of as (a MultiMutex's keys), in order,
-	// unregistered and with no takeover: each makes its attempt the holder
-	// of its key, with a new token, if the record is absent, or of its
-	// kind, free and with no waiter registered (or held by that very
-	// attempt). It stops at the first that does not apply (an ordered bulk
-	// write), and reports which may have applied: a prefix of as, which
-	// may run past the first that did not (FerretDB v1 misreports which
-	// statement failed). readAll tells which did, and their tokens.
+	// acquireAll sends, in one write command, an exclusive acquire of
+	// each of as (a MultiMutex's keys), in order, or of as many of the
+	// first of them as the server takes in one command; unregistered and
+	// with no takeover: each makes its attempt the holder of its key, with
+	// a new token, if the record is absent, or of its kind, free and with
+	// no waiter registered (or held by that very attempt). It stops at
+	// the first that does not apply (an ordered bulk write). It returns
+	// one entry for each statement sent, true for those that may have
+	// applied: a prefix, which may run past the first that did not
+	// (FerretDB v1 misreports which statement failed). readAll tells which
+	// did, and their tokens.
 	acquireAll(ctx context.Context, as []attempt) ([]bool, error)
 	// readAll returns the records of keys, in order, in one command (the
 	// zero record for a key that has none), and the floor; of each record

@@ -1163,53 +1163,45 @@ func count(n int, thing string) string {
 }
 
 func (s *mongoStore) acquireAll(ctx context.Context, as []attempt) ([]bool, error) {
-	models := make([]mongo.WriteModel, len(as))
-	for i, a := range as {
-		a.registered, a.shared, a.spare = false, false, false
-		filter, update := exclusiveAcquire(a, stamp{})
-		models[i] = mongo.NewUpdateOneModel().SetFilter(filter).SetUpdate(update).SetUpsert(true)
-	}
-	limit := len(models)
+	limit, applied := len(as), 0
 	if limit > ferretBatch {
 		var err error
 		if limit, err = s.batchLimit(ctx, limit); err != nil {
 			return nil, failed(err, "dlock: acquire %s", count(len(as), "key"))
 		}
 	}
-	took := make([]bool, len(as))
+	models := make([]mongo.WriteModel, limit)
+	for i, a := range as[:limit] {
+		a.registered, a.shared, a.spare = false, false, false
+		filter, update := exclusiveAcquire(a, stamp{})
+		models[i] = mongo.NewUpdateOneModel().SetFilter(filter).SetUpdate(update).SetUpsert(true)
+	}
+	took := make([]bool, limit)
 	// Ordered: the statements apply in order and the first that fails
 	// ends the command, so the keys taken are a prefix of as. (FerretDB v1
 	// ends an unordered one there too, while it reports the statements
 	// after it as applied.)
-	ordered := options.BulkWrite().SetOrdered(true)
-	for from := 0; from < len(models); from += limit {
-		to := min(from+limit, len(models))
-		s.counted(ctx, 1)
-		_, err := s.coll.BulkWrite(ctx, models[from:to], ordered)
-		var bwe mongo.BulkWriteException
-		switch {
-		case err == nil:
-			for i := from; i < to; i++ {
-				took[i] = true
-			}
-			continue
-		case errors.As(err, &bwe) && bwe.WriteConcernError == nil && len(bwe.WriteErrors) == 1:
-			// The statement that failed did not apply: a duplicate key
-			// (its filter missed a record that exists: held, or waited
-			// for) or another refusal of that statement alone. FerretDB
-			// v1 names the wrong statement (the first, whichever failed):
-			// there, any of the batch may have applied.
-			applied := from + bwe.WriteErrors[0].Index
-			if v1, err := s.ferretV1(ctx); err != nil || v1 {
-				applied = to
-			}
-			for i := from; i < applied; i++ {
-				took[i] = true
-			}
-			return took, nil
-		default:
-			return nil, failed(err, "dlock: acquire %s", count(len(as), "key"))
+	s.counted(ctx, 1)
+	_, err := s.coll.BulkWrite(ctx, models, options.BulkWrite().SetOrdered(true))
+	var bwe mongo.BulkWriteException
+	switch {
+	case err == nil:
+		applied = limit
+	case errors.As(err, &bwe) && bwe.WriteConcernError == nil && len(bwe.WriteErrors) == 1:
+		// The statement that failed did not apply: a duplicate key (its
+		// filter missed a record that exists: held, or waited for) or
+		// another refusal of that statement alone. FerretDB v1 names the
+		// wrong statement (the first, whichever failed): there, any of the
+		// command's may have applied.
+		applied = bwe.WriteErrors[0].Index
+		if v1, err := s.ferretV1(ctx); err != nil || v1 {
+			applied = limit
 		}
+	default:
+		return nil, failed(err, "dlock: acquire %s", count(len(as), "key"))
+	}
+	for i := range applied {
+		took[i] = true
 	}
 	return took, nil
 }
