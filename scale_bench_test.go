@@ -41,10 +41,11 @@ import (
 // 20 ms and 250 ms holds run again with each hold drawn at random
 // (clients=C/hold=H-random: exponential, of mean H), which no pacing can
 // foresee. The idle rows
-// (idle/mutex/clients=C, idle/election/clients=C, idle/semaphore/clients=C)
-// run one Client that holds the key (a Semaphore's one permit) for the
-// whole row while the C−1 others wait in Mutex.Lock, Election.Campaign or
-// Semaphore.Acquire, with the default TTL and backoff: the cost of waiting
+// (idle/P/clients=C, for P mutex, election, semaphore and rwmutex) run one
+// Client that holds the key (a Semaphore's one permit) for the whole row
+// while the C−1 others wait in Mutex.Lock, Election.Campaign,
+// Semaphore.Acquire or RWMutex.Lock (C = 2: a lone waiter, the commonest
+// contention), with the default TTL and backoff: the cost of waiting
 // while nothing changes hands, from 2 s to 12 s into the hold (before the
 // key stood still a TTL), in the row's second half, and over all of it. Each row reports metrics
 // (see runScaleLoop and runScaleIdle) and logs one line of a markdown table,
@@ -89,8 +90,8 @@ func BenchmarkScale(b *testing.B) {
 	}
 	b.Logf("| primitive | waiting | simulated | cmds/s/waiter, 2–12 s | 2nd half | whole row | heap/waiter | stack/waiter |")
 	b.Logf("|---|--:|--:|--:|--:|--:|--:|--:|")
-	for _, prim := range []string{"mutex", "election", "semaphore"} {
-		for _, c := range []int{48, 1024} {
+	for _, prim := range []string{"mutex", "election", "semaphore", "rwmutex"} {
+		for _, c := range []int{2, 48, 1024} {
 			r := scaleRow{clients: c, dur: time.Duration(float64(min(scaleIdleDur, scaleMaxDur(c))) * stretch)}
 			b.Run(fmt.Sprintf("idle/%s/clients=%d", prim, c), func(b *testing.B) {
 				runScaleIdle(b, r, prim)
@@ -594,8 +595,14 @@ func runScaleIdle(b *testing.B, r scaleRow, prim string) {
 			switch prim {
 			case "election":
 				l, err = c.NewElection("k").Campaign(ctx, value)
-			case "semaphore": // one permit: the others wait for it, unqueued
+			case "semaphore": // one permit: the others wait for it
 				l, err = c.NewSemaphore("k", 1).Acquire(ctx)
+			case "rwmutex":
+				rw := c.NewRWMutex("k")
+				if err := rw.Lock(ctx); err != nil {
+					return nil, err
+				}
+				return func() error { return rw.Unlock(context.WithoutCancel(ctx)) }, nil
 			default:
 				m := c.NewMutex("k")
 				if err := m.Lock(ctx); err != nil {
