@@ -5,9 +5,16 @@
 // the holder lives and lapses when it dies, and a fencing token for each
 // hold.
 //
-// Install it with
+// Install it from a clone of the repository, where cmd/dlock is a module
+// of its own (so that the library's users do not get the exporters' modules
+// in their build lists):
 //
-//	go install github.com/dlock-go/dlock/cmd/dlock@latest
+//	go -C cmd/dlock install
+//
+// "go install github.com/dlock-go/dlock/cmd/dlock@VERSION" works only for a
+// version whose cmd/dlock/go.mod has no replace directive: the go command
+// refuses one, and the development go.mod replaces the library with the
+// clone's (../..).
 //
 // Usage:
 //
@@ -193,33 +200,56 @@
 // standard error, and left in COMMAND's environment as it was: it never
 // fails the run.
 //
-// Run and elect export their spans when OTEL_EXPORTER_OTLP_ENDPOINT or
-// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set, as the OpenTelemetry SDKs
-// do: the wait for KEY (a dlock.TryLock span, then dlock.Lock if KEY was
-// held; dlock.Campaign for elect), the release, and a lost lease. The
-// wait's span is a child of TRACEPARENT, and the hold stores it, not
-// TRACEPARENT. The spans go in one request as run exits, after the
-// release: OTLP/HTTP with JSON encoding, to
-// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as it is, or else to
-// OTEL_EXPORTER_OTLP_ENDPOINT with /v1/traces added. Run reads these
-// variables of the SDKs' too (a _TRACES_ one wins over its plain one):
+// Run and elect export their spans, with the OpenTelemetry Go SDK and its
+// exporters, when the standard OTEL_* variables ask for it: when
+// OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set,
+// or OTEL_TRACES_EXPORTER names an exporter. The spans are the wait for KEY
+// (a dlock.TryLock span, then dlock.Lock if KEY was held; dlock.Campaign
+// for elect), the release, and a lost lease. The wait's span is a child of
+// TRACEPARENT, and the hold stores it, not TRACEPARENT. Spans go in batches
+// as they end (every 5 s, OTEL_BSP_SCHEDULE_DELAY), and the rest as run
+// exits, after the release.
 //
-//	OTEL_EXPORTER_OTLP_HEADERS, _TRACES_HEADERS  key=value,... added to
-//	    the request, each value percent-decoded
-//	OTEL_EXPORTER_OTLP_TIMEOUT, _TRACES_TIMEOUT  in milliseconds (default
-//	    10000), but run waits 3 s at most
+// Run honours the standard OTEL_* exporter settings; the _TRACES_ variant
+// of an OTEL_EXPORTER_OTLP_ one (OTEL_EXPORTER_OTLP_TRACES_HEADERS, ...)
+// wins over it:
+//
+//	OTEL_TRACES_EXPORTER  otlp, console or none, or a comma-separated list;
+//	    unset, otlp when an endpoint is set, else none (an SDK would send
+//	    to localhost). console writes each span as a line of JSON to
+//	    standard error, leaving standard output to COMMAND
+//	OTEL_EXPORTER_OTLP_PROTOCOL  http/protobuf (the default), http/json,
+//	    or grpc; run warns of another value, and sends http/protobuf
+//	OTEL_EXPORTER_OTLP_ENDPOINT  the collector's base URL: HTTP requests
+//	    go to its path with /v1/traces added, _TRACES_ENDPOINT's as it is
+//	    (with OTEL_TRACES_EXPORTER=otlp and no endpoint, the Go exporters'
+//	    default: localhost, port 4318, or 4317 for grpc, over TLS)
+//	OTEL_EXPORTER_OTLP_HEADERS  key=value,... added to each request, each
+//	    value percent-decoded
+//	OTEL_EXPORTER_OTLP_CERTIFICATE  a PEM file of the CA certificates to
+//	    trust, for a collector whose certificate a private CA signed
+//	OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE, _CLIENT_KEY  PEM files of the
+//	    certificate and key to present, for mutual TLS
+//	OTEL_EXPORTER_OTLP_COMPRESSION  gzip, or none (the default)
+//	OTEL_EXPORTER_OTLP_TIMEOUT  in milliseconds (default 10000): how long
+//	    an export may take, retries included; but run waits 3 s at most
 //	OTEL_SERVICE_NAME  the spans' service.name (default "dlock")
 //	OTEL_RESOURCE_ATTRIBUTES  key=value,... more of the spans' resource
-//	OTEL_TRACES_EXPORTER=none, OTEL_SDK_DISABLED=true  export nothing
+//	OTEL_SDK_DISABLED=true  export nothing
 //
-// Run sends http/json only: with OTEL_EXPORTER_OTLP_PROTOCOL (or
-// _TRACES_PROTOCOL) set to grpc or http/protobuf, it warns on standard
-// error and sends http/json, which the OpenTelemetry Collector takes on
-// its OTLP/HTTP port (4318), not on the gRPC one (4317). A wait under a
-// TRACEPARENT that is not sampled records no span. An export that fails
-// (refused, an error status, no answer in time) is a warning on standard
-// error; it never changes the exit status. Without an endpoint, run sets
-// up no tracer and exports nothing.
+// and the Go SDK's other settings, such as OTEL_EXPORTER_OTLP_INSECURE,
+// OTEL_TRACES_SAMPLER and OTEL_BSP_SCHEDULE_DELAY. A request that the
+// collector answers with 429, 502, 503 or 504 (over gRPC, UNAVAILABLE and
+// the other codes the OTLP specification calls retryable) is sent again,
+// first after about 200 ms, until the export's time is up.
+// Requests name the exporter in their User-Agent ("OTel OTLP Exporter
+// Go/" and its version).
+//
+// A wait under a TRACEPARENT that is not sampled records no span. A
+// setting that cannot be read, and an export that fails (refused, an error
+// status, no answer in time), is one warning on standard error; it never
+// changes the exit status. Without an endpoint or OTEL_TRACES_EXPORTER,
+// run sets up no tracer and exports nothing.
 //
 // # Exit status
 //

@@ -22,7 +22,7 @@ status 124. Signals sent to elect are handled as by run: SIGHUP, SIGINT,
 SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 are passed on to COMMAND's process
 group, the first four also end the campaign, and on Linux and FreeBSD
 COMMAND gets SIGKILL if elect is killed. TRACEPARENT is read, and passed
-on to COMMAND, as by run.
+on to COMMAND, and spans are exported (OTEL_*), as by run.
 
 Exit status: COMMAND's (128+N if a signal N killed it); 64 bad usage (or
 NAME used by a lock); 69 could not reach the server; 75 -timeout passed

@@ -44,8 +44,10 @@ otel-cli set them for a traced job, run waits for KEY in that trace: the
 hold stores the trace context (dlock status shows its trace id), and
 COMMAND gets the same TRACEPARENT. One that is not a valid W3C traceparent
 is ignored, with a warning on stderr; it never fails the run. With
-OTEL_EXPORTER_OTLP_ENDPOINT set, run sends its spans there as it exits
-(OTLP/HTTP, JSON; "go doc github.com/dlock-go/dlock/cmd/dlock" has more).
+OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_TRACES_EXPORTER set, run exports its
+spans as the standard OTEL_* exporter settings say (OTLP over HTTP or
+gRPC, with TLS, headers, gzip; or console, on stderr); "go doc" in the
+source's cmd/dlock has more.
 
 Exit status: COMMAND's (128+N if a signal N killed it); 64 bad usage (or KEY
 used by another kind of lock, or -ttl under the server's round trip); 69 could not reach the server; 75 KEY held
@@ -115,8 +117,7 @@ type runner struct {
 	value string // elect: the leader's value
 
 	parent trace.SpanContext // the job's trace context (TRACEPARENT), or none; set as run starts
-	spans  *recorder         // the Client's tracer provider when spans are exported, else nil; set as run starts
-	otlp   *otlpExport       // where spans go, with spans; set as run starts
+	traces *traces           // the Client's tracer provider and exporters when spans are exported, else nil; set as run starts
 	mc     *mongo.Client     // set once connected
 	client *dlock.Client     // set once connected
 	lease  *dlock.Lease      // set once held
@@ -210,8 +211,8 @@ func (r *runner) acquire(ctx context.Context) int {
 	}
 	r.mc = mc
 	opts := []dlock.Option{dlock.WithTTL(r.flags.ttl), dlock.WithMaxHold(r.flags.maxHold), dlock.WithOwner(ownerLabel())}
-	if r.spans != nil {
-		opts = append(opts, dlock.WithTracerProvider(r.spans))
+	if r.traces != nil {
+		opts = append(opts, dlock.WithTracerProvider(r.traces.provider))
 	}
 	client, err := dlock.NewClient(coll, opts...)
 	if err != nil {

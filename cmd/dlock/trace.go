@@ -67,36 +67,6 @@ func withTraceContext(env []string, sc trace.SpanContext) []string {
 	return env
 }
 
-// startTraces sets run up to record its spans, and export them at exit,
-// when the OpenTelemetry SDK's variables in the environment ask for it
-// (otlpFromEnv); it warns on stderr of settings it ignores. Otherwise run
-// sets up no tracer: the Client's spans go to the global provider, which
-// records nothing.
-func (r *runner) startTraces() {
-	exp, warns := otlpFromEnv(os.Getenv)
-	for _, w := range warns {
-		fmt.Fprintf(os.Stderr, "dlock %s: %s\n", r.verb, w)
-	}
-	if exp != nil {
-		r.otlp, r.spans = exp, &recorder{}
-	}
-}
-
-// exportTraces sends the spans that ended, if run records them. A failure
-// is a warning on stderr: it costs the trace, never the run.
-func (r *runner) exportTraces() {
-	if r.otlp == nil {
-		return
-	}
-	spans := r.spans.take()
-	if len(spans) == 0 {
-		return
-	}
-	if err := r.otlp.export(spans); err != nil {
-		fmt.Fprintf(os.Stderr, "dlock %s: traces not exported: %v\n", r.verb, err)
-	}
-}
-
 // inJob returns ctx in the job's trace context (TRACEPARENT), if run has
 // one: its calls to dlock are then spans of the job's trace, or, with no
 // recording span, holds that store the job's trace context.
