@@ -310,7 +310,7 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 			return nil, x.attempts, x.giveUp(errLockedElsewhere)
 		}
 		now := c.clock.Now()
-		if err := c.waitPoll(ctx, x.sched.next(now, false, false, false), x.sched.limit(now, false, false), &x.w, &x.ew); err != nil {
+		if err := c.waitPoll(ctx, x.sched.next(now, false, false, false), x.sched.limit(now, false), &x.w, &x.ew); err != nil {
 			return nil, x.attempts, x.giveUp(err)
 		}
 	}

@@ -87,7 +87,7 @@ func TestWaiterPolls(t *testing.T) {
 	ctx := context.Background()
 	const minBackoff, ttl = 10 * time.Millisecond, time.Minute
 	clk := newStepClock(time.Second)
-	a := newClient(t, coll)
+	a := newClient(t, coll, withPacer(withoutRule{ruleKeep})) // its Unlocks free the key
 	b := newClient(t, coll, WithTTL(ttl), WithBackoff(minBackoff, time.Second), withClock(clk), WithServerClockTakeover(true))
 	ma, mb := a.NewMutex("k"), b.NewMutex("k")
 	require.NoError(t, ma.Lock(ctx))
@@ -121,8 +121,12 @@ func TestWaiterPolls(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, <-locked, context.Canceled)
 
-	// A TTL later: from the minimum again.
+	// A TTL later, behind a new hold: from the minimum again. (Behind the
+	// same hold, which stood still a TTL, the wait would read as the
+	// hold's age allows: schedule.age.)
 	clk.advance(ttl)
+	require.NoError(t, ma.Unlock(ctx))
+	require.NoError(t, ma.Lock(ctx))
 	go func() { locked <- mb.Lock(ctx) }()
 	assert.InDelta(t, minBackoff, clk.nextPoll(t), float64(minBackoff/2), "first wait a TTL later")
 	require.NoError(t, ma.Unlock(ctx))

@@ -71,7 +71,7 @@
 // finds the key held queues in its document, first come, first served among
 // the waiters awake (one behind eight awake may sleep, and is passed while it
 // does); a waiter with k ahead gets the key after at most 2(k+1) holds, and
-// one ahead that crashed is cleared within 1¼ TTLs and a poll of its last
+// one ahead that crashed is cleared within 2½ TTLs and a poll of its last
 // extension. Semaphore waiters and TryLock do not queue. [docs/fairness.md]
 // has the queue and its bounds, [docs/design.md] the document and the proof.
 //

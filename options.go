@@ -187,15 +187,13 @@ const (
 // from the interval the primitive's last wait reached, if that wait ended
 // less than a TTL ago. A Lock queued in the key's document under
 // contention follows a schedule of its own instead (docs/fairness.md), and
-// no wait sleeps longer than 1.5·max at a time while the key changes
-// hands. Once it has not for a TTL, a wait sleeps longer the longer the key
-// stands still, up to a quarter TTL: a sixteenth of that for a Lock awake
-// in the key's queue, and for an RLock or a Semaphore's Acquire; half of it
-// for a Lock asleep (eight or more places back: docs/fairness.md), which
-// sleeps at most a quarter TTL at a time whether the key stands still or
-// not. min is also how
-// long an Unlock under contention leaves a kept hold or a registration for
-// its Mutex's next Lock. Defaults: [DefaultMinBackoff] and [DefaultMaxBackoff].
+// no wait sleeps longer than 1.5·max at a time, or an eighth of how long
+// the key has stood still if that is longer, at most a quarter TTL: a wait
+// pays for latency in proportion to the hold it waits behind. A Lock asleep
+// (eight or more awake waiters ahead: docs/fairness.md) sleeps twice as
+// long as the key stood still, at most half a TTL at a time. min is also
+// how long an Unlock under contention leaves a kept hold or a registration
+// for its Mutex's next Lock. Defaults: [DefaultMinBackoff] and [DefaultMaxBackoff].
 // It needs [MinBackoff] <= min <= max <= [MaxBackoff]; otherwise
 // [NewClient] returns, and the lock's first call reports, an error
 // matching [ErrInvalidOption].

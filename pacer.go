@@ -34,12 +34,13 @@ type pacer interface {
 	// (planTurn, planHead): the liveness bounds hold whatever it answers,
 	// a plan aimed hours late included (Client.acquire's watches' check).
 	aim(tp turnPlan) turnPlan
-	// doze says whether a registered waiter with awake waiters awake ahead
-	// of it, its registration marked asleep or not, changes its mark
-	// (change) to sleep: exclusion and the queue's order hold whatever it answers,
+	// doze says whether a registered waiter with ahead waiters ahead of
+	// it, awake of them awake, its registration marked asleep or not,
+	// changes its mark (change) to sleep: exclusion and the queue's order
+	// hold whatever it answers,
 	// as the server checks every mark a claim passes (the simulation runs
 	// a pacer that marks at random).
-	doze(awake int, asleep bool) (sleep, change bool)
+	doze(ahead, awake int, asleep bool) (sleep, change bool)
 }
 
 // A rule is one of the pacing rules that a pacer may follow, each for
@@ -53,6 +54,7 @@ const (
 	ruleHeadPlan                  // a head that saw the hold it waits for begin sleeps until it is due to end (planHead)
 	rulePeriod                    // registered waits poll at fractions of how often the key changes hands (schedule.next)
 	ruleSleep                     // a waiter far back marks its registration asleep and sleeps by its place (byPlace)
+	ruleAge                       // an awake wait reads as often as the hold it waits behind is young (schedule.age)
 )
 
 // rulesPacer is dlock's pacer: every rule, each sleep as the rules propose.
@@ -64,20 +66,26 @@ func (rulesPacer) uses(rule) bool { return true }
 
 func (rulesPacer) aim(tp turnPlan) turnPlan { return tp }
 
-func (rulesPacer) doze(awake int, asleep bool) (sleep, change bool) { return byPlace(awake, asleep) }
+func (rulesPacer) doze(ahead, awake int, asleep bool) (sleep, change bool) {
+	return byPlace(ahead, awake, asleep)
+}
 
-// byPlace is ruleSleep: a waiter is awake while fewer than awakePlaces
-// waiters awake are ahead of it, and marks its registration asleep once it
-// sees sleepPlaces or more. It counts only the awake: a sleeper ahead holds
-// up no claim, and one that died asleep never wakes, so counting sleepers
-// would keep a live waiter asleep behind the dead while the key stands
-// free. Between the two it keeps its mark, so a waiter whose view of those
-// ahead only shrinks changes its mark at most once each way.
-func byPlace(awake int, asleep bool) (sleep, change bool) {
+// byPlace is ruleSleep: a waiter with ahead waiters ahead of it, awake of
+// them awake, marks its registration asleep once it sees sleepPlaces or
+// more ahead, awakePlaces or more of them awake, and awake again on its
+// first read that shows fewer than awakePlaces awake ahead. It wakes by
+// the awake alone: a sleeper ahead holds up no claim, and one that died
+// asleep never wakes, so counting sleepers would keep a live waiter asleep
+// behind the dead while the key stood free. It sleeps by all of them, so
+// that deep in a queue whose front is awake, the waiters that slept are
+// not counted out of it. The two conditions never hold at once, and a
+// waiter whose view of those ahead only shrinks changes its mark at most
+// once each way.
+func byPlace(ahead, awake int, asleep bool) (sleep, change bool) {
 	if asleep {
 		return false, awake < awakePlaces
 	}
-	return true, awake >= sleepPlaces
+	return true, ahead >= sleepPlaces && awake >= awakePlaces
 }
 
 // The places in the queue that stay awake (byPlace): four, as with two
@@ -96,7 +104,8 @@ type pacing struct {
 	mu      sync.Mutex
 	last    lastWait      // guarded by mu
 	queue   int64         // guarded by mu
-	awake   int           // guarded by mu: how many registered waiters were awake, as last seen
+	waiting int           // guarded by mu: how many waiters were registered, as last seen
+	awake   int           // guarded by mu: how many of them were awake
 	counter counterSeen   // guarded by mu: the token counter as last seen to change, and when (sent: when the reply came)
 	every   time.Duration // guarded by mu: how often the key changes hands, estimated
 	turn    time.Duration // guarded by mu: a requeued wait's turn, per waiter ahead, as learnt (planTurn)
@@ -186,8 +195,8 @@ func (p *pacing) queueGuess() int64 {
 // (docs/fairness.md prices it).
 const queueSlack = 64
 
-// sawQueue records the key's queue counter and how many of its registered
-// waiters are awake, as r shows them.
+// sawQueue records the key's queue counter, how many waiters are
+// registered and how many of them are awake, as r shows them.
 func (p *pacing) sawQueue(r record) {
 	awake := 0
 	for _, e := range r.Waiters {
@@ -196,29 +205,19 @@ func (p *pacing) sawQueue(r record) {
 		}
 	}
 	p.mu.Lock()
-	p.queue, p.awake = r.Queue, awake
+	p.queue, p.waiting, p.awake = r.Queue, len(r.Waiters), awake
 	p.mu.Unlock()
 }
 
-// sleepy reports whether a registration for a key of kind made now
-// starts asleep: as dozes says for the waiters its primitive last saw
-// registered awake, who would all be ahead of it.
-func (p *pacing) sleepy(rules pacer, kind string) bool {
+// sleepy reports whether a registration made now starts asleep: as
+// rules' doze says for the waiters its primitive last saw registered
+// awake, who would all be ahead of it.
+func (p *pacing) sleepy(rules pacer) bool {
 	p.mu.Lock()
-	n := p.awake
+	n, awake := p.waiting, p.awake
 	p.mu.Unlock()
-	sleep, change := dozes(rules, kind, n, false)
+	sleep, change := rules.doze(n, awake, false)
 	return sleep && change
-}
-
-// dozes is rules' doze for a waiter of a key of kind: an RWMutex's
-// writers never sleep, as their registrations keep readers out, so a
-// sleeping one would hold up a free key.
-func dozes(rules pacer, kind string, awake int, asleep bool) (sleep, change bool) {
-	if kind == kindRW {
-		return false, false
-	}
-	return rules.doze(awake, asleep)
 }
 
 // start returns the backoff of a wait that begins at now (lastWait).
@@ -362,9 +361,8 @@ func (s *schedule) ended(now time.Time) {
 // next returns how long the wait sleeps before its next round, at now,
 // registered or not, at the head or not, its registration marked asleep
 // or not: as its plan says; or, asleep, by its place; or, registered,
-// paced by how often the key changes hands (period); or, registered or
-// shared, by how long it has stood still, once that is a TTL (limit); or
-// on the backoff.
+// paced by how often the key changes hands (period); or on the backoff;
+// and, awake and with no plan, no less than the hold's age allows (age).
 func (s *schedule) next(now time.Time, registered, head, asleep bool) time.Duration {
 	cfg := s.cfg
 	if s.polls == nil {
@@ -379,20 +377,18 @@ func (s *schedule) next(now time.Time, registered, head, asleep bool) time.Durat
 		if s.plan.head { // a head's plan keeps within the backoff's bounds: see WithBackoff
 			d = min(d, cfg.maxBackoff)
 		}
+		return s.rules.sleep(d, backoff)
 	case asleep:
 		// No free key waits for it (record.queueOpen), so it sleeps by its
 		// place, not on the backoff: half the turns until it is among the
-		// awakePlaces, or half as long as the key stood still, whichever
-		// is longer, and at least a quarter of the minimum backoff.
-		d = max(s.p.still(now)/2, cfg.minBackoff/4)
+		// awakePlaces, or as long as the key stood still, whichever is
+		// longer, and at least a quarter of the minimum backoff.
+		d = max(2*s.p.still(now), cfg.minBackoff/4)
 		if period > 0 && s.ahead >= awakePlaces {
 			d = max(d, time.Duration(s.ahead-awakePlaces+1)*period/2)
 		}
-	case !s.rules.uses(rulePeriod):
-	case s.share && s.p.still(now) >= cfg.ttl:
-		// A shared wait, unqueued, as the head does (below).
-		d = max(d, s.p.still(now)/16)
-	case !registered:
+		return s.rules.sleep(d, backoff)
+	case !s.rules.uses(rulePeriod) || !registered:
 	case period > 0 && head:
 		// The key changes hands about every period: the head polls four
 		// times a period.
@@ -406,44 +402,50 @@ func (s *schedule) next(now time.Time, registered, head, asleep bool) time.Durat
 		// Next after the head: read every half period to learn when it
 		// is the head.
 		d = min(d, max(period/2, cfg.minBackoff/4))
-	case s.p.still(now) >= cfg.ttl:
-		// The key has stood still for a TTL: the longer it stands still,
-		// the longer the sleep, up to the limit: a sixteenth of how long
-		// it stood still, so that the waiters awake see the hold end
-		// within about a sixteenth of how long it lasted.
-		d = max(d, s.p.still(now)/16)
-	case !head:
-		// No period known (the counter seen once, or still for a TTL):
-		// behind a waiter that may be slow to come, read no more often
-		// than every half hold of this primitive's, and at least every
-		// maximum backoff: the record dates the hold (heldSince).
+	case !head && s.p.still(now) < cfg.ttl:
+		// No period known (the counter seen once): behind a waiter that
+		// may be slow to come, read no more often than every half hold of
+		// this primitive's, and at least every maximum backoff: the
+		// record dates the hold (heldSince).
 		if own := s.p.ownHold(); own > 0 {
 			d = max(d, min(own/2, cfg.maxBackoff))
 		}
 	}
+	if s.rules.uses(ruleAge) {
+		d = max(d, s.age(now))
+	}
 	return s.rules.sleep(d, backoff)
 }
 
-// limit is the longest the wait sleeps at once at now, registered or
-// not, asleep or not, whatever its pacing planned (waitPoll): maxSleep, so
-// that the head sees the key freed, and the next waiter that it is the
-// head, within a poll interval; but, once the key's counter has stood
-// still for a TTL, or for a wait marked asleep (which no free key waits
-// for while a waiter behind it is awake), a quarter TTL. So a queue that
-// waits through a long hold costs each waiter about four reads a TTL, not
-// one every poll interval, and when the hold ends the head sees it within
-// a sixteenth of the hold and a quarter TTL. A sleeper sleeps no longer:
+// age is how late an awake wait may notice, at now, that the hold it
+// waits behind ended: an eighth of how long the key's token counter has
+// stood still (the hold's age, as far as the wait saw it begin), at most
+// a quarter TTL. So a wait pays for latency in proportion to the hold: it
+// reads about 8·ln(t2/t1) times between t1 and t2 into a hold (1.4 a
+// second from 2 s to 12 s), four times a TTL once the hold is two TTLs
+// old, and behind holds of a few milliseconds as the backoff and period
+// say; and a Lock behind a hold of h takes the key at most h/8 late.
+func (s *schedule) age(now time.Time) time.Duration {
+	return min(s.p.still(now)/8, s.cfg.ttl/4)
+}
+
+// limit is the longest the wait sleeps at once at now, asleep or not,
+// whatever its pacing planned (waitPoll): awake, maxSleep, so that the
+// head sees the key freed, and the next waiter that it is the head,
+// within a poll interval, or the hold's age allows (age), whichever is
+// longer; asleep (no free key waits for a sleeper while a waiter behind
+// it is awake), half a TTL. A sleeper sleeps no longer:
 // the waiters ahead may give up while it sleeps, and a sleep must not
 // outlive the view it was decided on by much, for then it is the first
 // awake place, and the key waits for it when no waiter behind it is awake
 // (TestHeadAfterWaitersAheadLeft). The liveness bounds do not rest on it:
 // the watches of the holder and of the waiters ahead wake a wait when one
 // may be cleared.
-func (s *schedule) limit(now time.Time, registered, asleep bool) time.Duration {
-	if !asleep && (!(registered || s.share) || s.p.still(now) < s.cfg.ttl) {
-		return maxSleep(s.cfg)
+func (s *schedule) limit(now time.Time, asleep bool) time.Duration {
+	if asleep {
+		return max(s.cfg.ttl/2, maxSleep(s.cfg))
 	}
-	return max(s.cfg.ttl/4, maxSleep(s.cfg))
+	return max(maxSleep(s.cfg), s.age(now))
 }
 
 // The keep's memory (keep.go).

@@ -15,7 +15,7 @@ func (backoffPacer) uses(rule) bool { return false }
 
 func (backoffPacer) aim(tp turnPlan) turnPlan { return tp }
 
-func (backoffPacer) doze(int, bool) (bool, bool) { return false, false }
+func (backoffPacer) doze(int, int, bool) (bool, bool) { return false, false }
 
 // randomPacer answers at random: any sleep up to max, which may be beyond
 // the cap that waitPoll puts on every sleep (maxSleep), with or without
@@ -36,9 +36,9 @@ func (p randomPacer) uses(rule) bool { return p.plan }
 // doze, with marks, marks a registration asleep or awake at random,
 // whatever its place; otherwise as dlock's pacer does. (The liveness
 // scenes set their queues up in order, which a sleeper lets others pass.)
-func (p randomPacer) doze(awake int, asleep bool) (bool, bool) {
+func (p randomPacer) doze(ahead, awake int, asleep bool) (bool, bool) {
 	if !p.marks {
-		return byPlace(awake, asleep)
+		return byPlace(ahead, awake, asleep)
 	}
 	return rand.IntN(2) == 0, rand.IntN(2) == 0
 }
@@ -67,7 +67,7 @@ func (stalePlans) sleep(proposed, _ time.Duration) time.Duration { return propos
 
 func (stalePlans) uses(rule) bool { return true }
 
-func (stalePlans) doze(awake int, asleep bool) (bool, bool) { return byPlace(awake, asleep) }
+func (stalePlans) doze(ahead, awake int, asleep bool) (bool, bool) { return byPlace(ahead, awake, asleep) }
 
 func (p stalePlans) aim(tp turnPlan) turnPlan {
 	if tp.on {
@@ -85,11 +85,11 @@ func (p withoutRule) uses(r rule) bool { return r != p.off }
 
 func (withoutRule) aim(tp turnPlan) turnPlan { return tp }
 
-func (p withoutRule) doze(awake int, asleep bool) (bool, bool) {
+func (p withoutRule) doze(ahead, awake int, asleep bool) (bool, bool) {
 	if p.off == ruleSleep {
 		return false, false
 	}
-	return byPlace(awake, asleep)
+	return byPlace(ahead, awake, asleep)
 }
 
 // pacers are the pacers every liveness bound must hold for.
@@ -119,4 +119,4 @@ type namedRule struct {
 }
 
 // namedRules are the rules the benchmarks price by switching each off.
-var namedRules = []namedRule{{"keep", ruleKeep}, {"requeue", ruleRequeue}, {"turn-plan", ruleTurnPlan}, {"head-plan", ruleHeadPlan}, {"period", rulePeriod}, {"sleep", ruleSleep}}
+var namedRules = []namedRule{{"keep", ruleKeep}, {"requeue", ruleRequeue}, {"turn-plan", ruleTurnPlan}, {"head-plan", ruleHeadPlan}, {"period", rulePeriod}, {"sleep", ruleSleep}, {"age", ruleAge}}

@@ -60,9 +60,10 @@ func (lo *leftover) byHandoff(cl claim) bool { return lo.handoff || lo.pace != c
 // a release's would be, with the registration, if it was made, removed in
 // the background.
 func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) {
+	rc := cl.cfg.registrations()
 	a := cl.attempt
-	a.owner, a.hold, a.queue = c.owner, c.holdIDs.Add(1), cl.pace.queueGuess()
-	a.sleep = cl.pace.sleepy(c.pacer, a.kind)
+	a.owner, a.hold, a.queue, a.ttl = c.owner, c.holdIDs.Add(1), cl.pace.queueGuess(), rc.ttl
+	a.sleep = cl.pace.sleepy(c.pacer)
 	sent := c.clock.Now()
 	r, err := c.store.requeue(ctx, l.ref(), a)
 	if errors.Is(err, errNotOwner) { // perhaps a stale counter: once, guess again (see queueSlack)
@@ -79,8 +80,10 @@ func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) 
 		return true, err
 	}
 	cl.pace.sawQueue(r)
-	reg := c.registration(cl.cfg, a, sent)
-	lo := &leftover{lease: reg, a: a, pace: cl.pace, r: r, at: at, busy: at.Sub(cl.pace.batchSince(l.acquired)), taken: make(chan struct{})}
+	reg := c.registration(rc, a, sent)
+	picked := a
+	picked.ttl = cl.attempt.ttl // the wait's, which a Lock that picks it up must have
+	lo := &leftover{lease: reg, a: picked, pace: cl.pace, r: r, at: at, busy: at.Sub(cl.pace.batchSince(l.acquired)), taken: make(chan struct{})}
 	if !c.ext.add(reg) || !c.leaveFor(cl, lo) {
 		// Close could not wait for this call, and runs no clean-up now:
 		// remove the registration here (if this fails too, it lapses a

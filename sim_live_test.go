@@ -24,10 +24,12 @@ import (
 //
 //   - from when the key is free: the Unlock, or two TTLs after the
 //     holder's crash (its takeover);
-//   - and a waiter that died awake is reaped at most 1¼ TTLs and a poll
-//     after it died (its last extension was before);
-//   - then a live waiter's attempt comes within a poll interval, or a
-//     quarter TTL when the waiters left are asleep or the key stood still.
+//   - and a waiter that died awake is reaped at most its registration's
+//     TTL (registrationTTLs TTLs), half a TTL and a poll after it died
+//     (its last extension was before);
+//   - then a live waiter's attempt comes within a poll interval, or half
+//     a TTL when the waiters left are asleep (a quarter when the key stood
+//     still).
 //
 // A waiter that died asleep holds up nothing. The live waiters are paced by
 // the run's pacer (every one of pacers(), plans aimed a day late included):
@@ -103,7 +105,7 @@ func liveDeadline(sc liveScene, upTo []time.Duration) time.Duration {
 	for _, at := range upTo {
 		free = max(free, at)
 	}
-	return free + max(fairPoll, ttl/4) + 10*time.Millisecond
+	return free + max(fairPoll, ttl/2) + 10*time.Millisecond
 }
 
 // runLiveScene runs sc with flaw f and returns the violation, or "".
@@ -202,7 +204,9 @@ func liveRun(t *testing.T, sc liveScene, f flaw) string {
 
 // liveDies ends waiter c, of fate, at now by die, after noting until when
 // it may hold the key up, by the bounds of docs/fairness.md: a waiter
-// marked awake, until it is reaped, 1¼ TTLs and a poll after it died; one
+// marked awake, until it is reaped, its registration's TTL, half a TTL
+// (the longest read interval behind it, a sleeper's) and a poll after it
+// died; one
 // that took the key, until it frees it as it leaves, or two TTLs and a
 // poll after it crashed; one marked asleep, not at all.
 func liveDies(st *memStore, c *Client, fate liveFate, mu *sync.Mutex, upTo *[]time.Duration, now time.Duration, die func()) {
@@ -216,7 +220,7 @@ func liveDies(st *memStore, c *Client, fate liveFate, mu *sync.Mutex, upTo *[]ti
 	}
 	for _, e := range r.Waiters {
 		if e.Owner == c.owner && !e.Sleep {
-			until = now + ttl + ttl/4 + fairPoll
+			until = now + registrationTTLs*ttl + ttl/2 + fairPoll
 		}
 	}
 	mu.Lock()

@@ -421,8 +421,9 @@ func simMultiWatch(k *multiChecker) (stop func()) {
 }
 
 // simMultiProbe checks liveness: with the network healthy and everyone
-// gone, a new Client takes every key, each within two TTLs of reaching
-// it (a crashed holder's), and a poll.
+// gone, a new Client takes every key, each within a crashed waiter's
+// registration TTL of reaching it (registrationTTLs TTLs, longer than a
+// crashed holder's TTL), and a poll; and a TTL more.
 func simMultiProbe(k *multiChecker, st *memStore) {
 	probe, err := newClientOn(func(*telemetry) store { return st }, WithTTL(simClientTTL))
 	if err != nil {
@@ -431,7 +432,7 @@ func simMultiProbe(k *multiChecker, st *memStore) {
 	}
 	defer probe.Close(context.Background())
 	n := time.Duration(len(simMultiKeys))
-	bound := (n+1)*simClientTTL + n*2*DefaultMaxBackoff
+	bound := (registrationTTLs*n+1)*simClientTTL + n*2*DefaultMaxBackoff
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
 	called := time.Now()

@@ -681,14 +681,15 @@ func requeuedCrashScene(t *testing.T, holds bool, p pacer) {
 			require.Equal(t, requeues+1, ha.count("requeue"), "a's Unlock requeued")
 			require.Equal(t, registers, ha.count("register"), "a's Lock adopted the requeued registration")
 		}
-		bound := DefaultTTL + fairPoll + 10*time.Millisecond // a crashed waiter ahead: its TTL and a poll
+		ttl := registrationTTLs * DefaultTTL          // a crashed waiter ahead: its registration's TTL
+		bound := ttl + fairPoll + 10*time.Millisecond // and a poll
 		if holds {
 			// A crashed holder: two TTLs and a poll. A plan whose first
 			// attempt came late may start watching b's hold only then.
-			bound = 2*DefaultTTL + fairPoll
+			ttl, bound = DefaultTTL, 2*DefaultTTL+fairPoll
 		}
 		assert.LessOrEqual(t, took, bound, "b held a up too long")
-		assert.GreaterOrEqual(t, took, DefaultTTL-DefaultTTL/3, "a cleared b before it stood still for a TTL")
+		assert.GreaterOrEqual(t, took, ttl-ttl/3, "a cleared b before it stood still for its TTL")
 		assert.Equal(t, a.owner, holder(st, "k").Owner)
 
 		restart()

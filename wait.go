@@ -19,7 +19,8 @@ import (
 // may take the key; an unregistered attempt takes a free key only while no
 // one is registered. Registrations are extended like leases, and those
 // whose Clients stopped extending them are reaped (entryWatch), so a
-// crashed waiter holds up the queue for at most its TTL. A TryLock never
+// crashed waiter holds up the queue for at most its registration's TTL
+// (registrationTTLs of the wait's) and a read. A TryLock never
 // queues. All the attempts of one call carry one hold id, so a retry after
 // an unanswered attempt finds that attempt's hold its own.
 //
@@ -442,7 +443,7 @@ func (x *exclusiveWait) remark(r *record) error {
 	if x.c.cfg.hooks.flawed(flawWakeCountsSleepers) {
 		awake = len(x.q.ahead)
 	}
-	sleep, change := dozes(x.c.pacer, x.a.kind, awake, x.q.sleep)
+	sleep, change := x.c.pacer.doze(len(x.q.ahead), awake, x.q.sleep)
 	if !change || sleep == x.q.sleep {
 		return nil
 	}
@@ -501,7 +502,7 @@ func (x *exclusiveWait) pause() error {
 	now := x.c.clock.Now()
 	reg, asleep := x.q.registered(), x.q.asleep()
 	d := x.sched.next(now, reg, x.q.head(), asleep)
-	if err := x.c.waitPoll(x.ctx, d, x.sched.limit(now, reg, asleep), due, &x.ew); err != nil {
+	if err := x.c.waitPoll(x.ctx, d, x.sched.limit(now, asleep), due, &x.ew); err != nil {
 		return err
 	}
 	x.joined = false
@@ -561,8 +562,10 @@ const registerRetries = 4
 // key has none). A registration whose outcome is unknown is removed in
 // the background.
 func (c *Client) enqueue(ctx context.Context, cl claim, a attempt, q *queueing) (record, error) {
+	rc := cl.cfg.registrations()
+	a.ttl = rc.ttl
 	a.queue = cl.pace.queueGuess()
-	a.sleep = cl.pace.sleepy(c.pacer, a.kind)
+	a.sleep = cl.pace.sleepy(c.pacer)
 	sent := c.clock.Now()
 	r, err := c.store.register(ctx, a)
 	if errors.Is(err, errHeld) { // see queueSlack: once, guess again without reading
@@ -586,7 +589,7 @@ func (c *Client) enqueue(ctx context.Context, cl claim, a attempt, q *queueing) 
 		c.dropRegistration(a)
 		return record{}, err
 	}
-	reg := c.registration(cl.cfg, a, sent)
+	reg := c.registration(rc, a, sent)
 	if !c.ext.add(reg) {
 		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, reg.ref()) })
 		return record{}, ErrClosed
@@ -596,13 +599,32 @@ func (c *Client) enqueue(ctx context.Context, cl claim, a attempt, q *queueing) 
 }
 
 // registration returns the lease of the registration that attempt a,
-// sent at sent, made: its token is its queue number, the one after a's
-// guess (a.queue), and it carries no data.
-func (c *Client) registration(cfg *config, a attempt, sent time.Time) *Lease {
-	reg := c.newLease(nil, cfg, a, Token(a.queue+1), roleWaiter, sent)
+// sent at sent, made with the registrations' config rc (a.ttl is rc's):
+// its token is its queue number, the one after a's guess (a.queue), and
+// it carries no data.
+func (c *Client) registration(rc *config, a attempt, sent time.Time) *Lease {
+	reg := c.newLease(nil, rc, a, Token(a.queue+1), roleWaiter, sent)
 	reg.data = nil
 	return reg
 }
+
+// registrations returns the config of the registrations of waits made
+// with c: a TTL of registrationTTLs of the waits' own, extended as much
+// less often. A registration is not a hold: no exclusion rests on it,
+// only how long a waiter that died holds up the queue (docs/fairness.md:
+// under three TTLs after its last extension), so its upkeep, one write per
+// waiting Client and cadence, is cut by as much.
+func (c *config) registrations() *config {
+	rc := *c
+	rc.ttl, rc.extendEvery = registrationTTLs*c.ttl, registrationTTLs*c.every()
+	return &rc
+}
+
+// registrationTTLs is how many of its wait's TTLs a registration lasts
+// unextended: two, so that a waiter that died is reaped within two TTLs,
+// a read of the one behind it (at most half a TTL) and a poll, of its
+// last extension.
+const registrationTTLs = 2
 
 // dropRegistration removes, in the background, the registration that
 // attempt a may have made: its reply did not come.
