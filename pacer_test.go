@@ -67,7 +67,9 @@ func (stalePlans) sleep(proposed, _ time.Duration) time.Duration { return propos
 
 func (stalePlans) uses(rule) bool { return true }
 
-func (stalePlans) doze(ahead, awake int, asleep bool) (bool, bool) { return byPlace(ahead, awake, asleep) }
+func (stalePlans) doze(ahead, awake int, asleep bool) (bool, bool) {
+	return byPlace(ahead, awake, asleep)
+}
 
 func (p stalePlans) aim(tp turnPlan) turnPlan {
 	if tp.on {
