@@ -31,5 +31,4 @@ const (
 	flawPassAsSeen                // a claim passes the waiters it last saw asleep, whether they still are or not: the server does not check that they are
 	flawKeepAlways                // an Unlock under contention keeps its hold even when its Lock took a kept one (then with no spare token, so the next Lock takes it by a handoff write past the queue): a Client takes every turn in a row
 	flawMultiCallerOrder          // a MultiMutex locks its keys in the caller's order, not sorted: two of them can wait for each other in a cycle
-	flawWakeCountsSleepers        // a sleeper wakes by how many waiters are ahead of it, asleep or not: one behind waiters that died asleep sleeps on while the key stands free
 )

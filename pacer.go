@@ -402,14 +402,6 @@ func (s *schedule) next(now time.Time, registered, head, asleep bool) time.Durat
 		// Next after the head: read every half period to learn when it
 		// is the head.
 		d = min(d, max(period/2, cfg.minBackoff/4))
-	case !head && s.p.still(now) < cfg.ttl:
-		// No period known (the counter seen once): behind a waiter that
-		// may be slow to come, read no more often than every half hold of
-		// this primitive's, and at least every maximum backoff: the
-		// record dates the hold (heldSince).
-		if own := s.p.ownHold(); own > 0 {
-			d = max(d, min(own/2, cfg.maxBackoff))
-		}
 	}
 	if s.rules.uses(ruleAge) {
 		d = max(d, s.age(now))

@@ -78,6 +78,15 @@ func (p stalePlans) aim(tp turnPlan) turnPlan {
 	return tp
 }
 
+// wakeCountsSleepers is dlock's pacer, but for a flaw: a sleeper wakes by
+// how many waiters are ahead of it, asleep or not, so one behind waiters
+// that died asleep sleeps on while the key stands free.
+type wakeCountsSleepers struct{ rulesPacer }
+
+func (wakeCountsSleepers) doze(ahead, _ int, asleep bool) (bool, bool) {
+	return byPlace(ahead, ahead, asleep)
+}
+
 // withoutRule is dlock's pacer with one rule switched off.
 type withoutRule struct{ off rule }
 

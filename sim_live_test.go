@@ -37,7 +37,7 @@ import (
 
 // A liveScene is one run of the liveness simulation.
 type liveScene struct {
-	pacer   int           // index in pacers()
+	pacer   int           // index in pacers(), or -1: wakeCountsSleepers
 	waiters []liveWaiter  // in the order they register
 	release time.Duration // when the holder unlocks, or crashes
 	crash   bool          // the holder crashes rather than unlocks
@@ -61,14 +61,14 @@ const (
 func (f liveFate) String() string { return [...]string{"stays", "leaves", "crashes"}[f] }
 
 // drawLiveScene draws a scene (with its pacer, unless pacer is one of
-// pacers()): up to four groups of up to twelve waiters, each of one fate
+// pacers() or -1): up to four groups of up to twelve waiters, each of one fate
 // and mark, so that a waiter often has many of one kind ahead of it, at
 // least one of which stays; the leaves, crashes and the release come in
 // the first two TTLs.
 func drawLiveScene(t *rapid.T, pacer int) liveScene {
 	ttl := DefaultTTL
 	sc := liveScene{pacer: pacer, release: drawDuration(t, "release", 2*ttl), crash: rapid.IntRange(0, 3).Draw(t, "holderCrashes") == 0}
-	if pacer < 0 {
+	if pacer == drawPacerIndex {
 		sc.pacer = rapid.IntRange(0, len(pacers())-1).Draw(t, "pacer")
 	}
 	for g := range rapid.IntRange(1, 4).Draw(t, "groups") {
@@ -87,6 +87,9 @@ func drawLiveScene(t *rapid.T, pacer int) liveScene {
 	}
 	return sc
 }
+
+// drawPacerIndex asks drawLiveScene to draw the scene's pacer.
+const drawPacerIndex = -2
 
 // drawDuration draws a duration up to most, in milliseconds.
 func drawDuration(t *rapid.T, label string, most time.Duration) time.Duration {
@@ -108,20 +111,23 @@ func liveDeadline(sc liveScene, upTo []time.Duration) time.Duration {
 	return free + max(fairPoll, ttl/2) + 10*time.Millisecond
 }
 
-// runLiveScene runs sc with flaw f and returns the violation, or "".
-func runLiveScene(t *testing.T, sc liveScene, f flaw) (failure string) {
+// runLiveScene runs sc and returns the violation, or "".
+func runLiveScene(t *testing.T, sc liveScene) (failure string) {
 	synctest.Test(t, func(t *testing.T) {
-		failure = liveRun(t, sc, f)
+		failure = liveRun(t, sc)
 	})
 	return failure
 }
 
 // liveRun is runLiveScene inside its bubble.
-func liveRun(t *testing.T, sc liveScene, f flaw) string {
+func liveRun(t *testing.T, sc liveScene) string {
 	st, ctx := newMemStore(), context.Background()
-	pace := pacers()[sc.pacer].pacer
+	var pace pacer = wakeCountsSleepers{}
+	if sc.pacer >= 0 {
+		pace = pacers()[sc.pacer].pacer
+	}
 	start := time.Now()
-	holder, hh := memClient(t, st, withFlaw(f))
+	holder, hh := memClient(t, st)
 	mh := holder.NewMutex("k")
 	if err := mh.Lock(ctx); err != nil {
 		return fmt.Sprintf("the holder's Lock: %v", err)
@@ -138,11 +144,11 @@ func liveRun(t *testing.T, sc liveScene, f flaw) string {
 		}
 	}()
 	for i, w := range sc.waiters {
-		opts := []Option{withFlaw(f), withPacer(pace)}
+		opts := []Option{withPacer(pace)}
 		if w.asleep {
 			asleep := new(atomic.Bool)
 			asleep.Store(true)
-			opts = []Option{withFlaw(f), withPacer(dozer{asleep: asleep})}
+			opts = []Option{withPacer(dozer{asleep: asleep})}
 		}
 		c, h := memClient(t, st, opts...)
 		wctx, cancel := context.WithCancel(ctx)
@@ -251,15 +257,15 @@ func holderOf(st *memStore, key string) string { return holder(st, key).Owner }
 // with each pacer. More runs: -rapid.checks=2000.
 func TestSimulationLiveness(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
-		if failure := runLiveScene(t, drawLiveScene(rt, -1), noFlaw); failure != "" {
+		if failure := runLiveScene(t, drawLiveScene(rt, drawPacerIndex)); failure != "" {
 			rt.Fatal(failure)
 		}
 	})
 }
 
 // The liveness simulation catches a sleeper that wakes by how many
-// waiters are ahead of it, asleep or not: behind waiters that died
-// asleep, it sleeps on while the key stands free.
+// waiters are ahead of it, asleep or not (wakeCountsSleepers): behind
+// waiters that died asleep, it sleeps on while the key stands free.
 func TestSimulationLivenessCatchesFlaw(t *testing.T) {
 	const budget = 2000
 	runs, found := 0, ""
@@ -269,7 +275,7 @@ func TestSimulationLivenessCatchesFlaw(t *testing.T) {
 				return
 			}
 			runs++
-			found = runLiveScene(t, drawLiveScene(rt, 0), flawWakeCountsSleepers)
+			found = runLiveScene(t, drawLiveScene(rt, -1))
 		})
 	}
 	if found == "" {

@@ -496,18 +496,19 @@ func TestHeadPlan(t *testing.T) {
 }
 
 // TestHeadPlanFromStamp: a Lock queued behind a waiter that is owed the
-// free key and slow to come reads no more often than every half hold of
-// its own Mutex, while it knows no hand-over period, and dates the hold
-// it then sees begun by the record's stamp (heldSince): it takes the key
-// within a few milliseconds of that hold's end, though its two replies
-// were further apart than a plan from their midpoint allows. x holds the
-// key 4 s; y, polling every 200 ms or so, registers behind it; x's Unlock
-// frees the key for y, and x's next Lock registers behind y. x's read
-// comes 2 s later (half its hold), and sees y's hold, begun up to 300 ms
-// after x's Unlock. Polling on the backoff from 1 ms instead, x would read
-// about eight times before it saw y's hold begin; without the stamp, its
-// replies 2 s apart (more than a quarter of the 6 s period x has seen)
-// give no plan, and x polls through y's hold.
+// free key and slow to come reads no more often than the age of the hold
+// it last saw allows (schedule.age: an eighth of how long the counter
+// stood still, here its own 4 s hold), and dates the hold it then sees
+// begun by the record's stamp (heldSince): it takes the key within a few
+// milliseconds of that hold's end, though its two replies were further
+// apart than a plan from their midpoint allows. x holds the key 4 s; y,
+// polling every 200 ms or so, registers behind it; x's Unlock frees the
+// key for y, and x's next Lock registers behind y. x's read comes half a
+// second later, and sees y's hold, begun up to 300 ms after x's Unlock.
+// Polling on the backoff from 1 ms instead, x would read about eight
+// times before it saw y's hold begin; without the stamp, its replies
+// apart by more than a quarter of the 6 s period x has seen give no plan,
+// and x polls through y's hold.
 func TestHeadPlanFromStamp(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const hold = 4 * time.Second

@@ -439,11 +439,7 @@ func (x *exclusiveWait) remark(r *record) error {
 	if !x.q.registered() {
 		return nil
 	}
-	awake := x.q.awake
-	if x.c.cfg.hooks.flawed(flawWakeCountsSleepers) {
-		awake = len(x.q.ahead)
-	}
-	sleep, change := x.c.pacer.doze(len(x.q.ahead), awake, x.q.sleep)
+	sleep, change := x.c.pacer.doze(len(x.q.ahead), x.q.awake, x.q.sleep)
 	if !change || sleep == x.q.sleep {
 		return nil
 	}
