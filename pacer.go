@@ -70,17 +70,13 @@ func (rulesPacer) doze(ahead, awake int, asleep bool) (sleep, change bool) {
 	return byPlace(ahead, awake, asleep)
 }
 
-// byPlace is ruleSleep: a waiter with ahead waiters ahead of it, awake of
-// them awake, marks its registration asleep once it sees sleepPlaces or
-// more ahead, awakePlaces or more of them awake, and awake again on its
-// first read that shows fewer than awakePlaces awake ahead. It wakes by
-// the awake alone: a sleeper ahead holds up no claim, and one that died
-// asleep never wakes, so counting sleepers would keep a live waiter asleep
-// behind the dead while the key stood free. It sleeps by all of them, so
-// that deep in a queue whose front is awake, the waiters that slept are
-// not counted out of it. The two conditions never hold at once, and a
-// waiter whose view of those ahead only shrinks changes its mark at most
-// once each way.
+// byPlace is ruleSleep: a waiter marks its registration asleep once it
+// sees sleepPlaces or more waiters ahead, awakePlaces or more of them
+// awake, and awake on its first read that shows fewer than awakePlaces
+// awake ahead: by the awake alone, as one that died asleep never wakes,
+// and counting it would keep a live waiter asleep while the key stands
+// free. The two never hold at once: a waiter whose view of those ahead
+// only shrinks changes its mark at most once each way.
 func byPlace(ahead, awake int, asleep bool) (sleep, change bool) {
 	if asleep {
 		return false, awake < awakePlaces
@@ -251,7 +247,6 @@ type schedule struct {
 	an    anchor    // the wait's registration, on the server's clock and this Client's (heldSince)
 	eta   time.Time // behind two or more waiters: when about one is left, estimated; zero for no estimate
 	ahead int       // waiters ahead of it, as last seen
-	share bool      // a shared wait: it does not queue
 }
 
 // exclusive returns the schedule of an exclusive wait of the primitive,
@@ -262,10 +257,9 @@ func (p *pacing) exclusive(cfg *config, rules pacer) schedule {
 }
 
 // shared returns the schedule of a shared wait: plain backoff, resumed
-// where the primitive's last wait left it (lastWait), but for a key that
-// stands still (next).
+// where the primitive's last wait left it (lastWait), and the age rule.
 func (p *pacing) shared(cfg *config, rules pacer) schedule {
-	return schedule{p: p, cfg: cfg, rules: rules, share: true}
+	return schedule{p: p, cfg: cfg, rules: rules}
 }
 
 // contended reports whether the wait registers in the queue at once,
@@ -412,27 +406,19 @@ func (s *schedule) next(now time.Time, registered, head, asleep bool) time.Durat
 // age is how late an awake wait may notice, at now, that the hold it
 // waits behind ended: an eighth of how long the key's token counter has
 // stood still (the hold's age, as far as the wait saw it begin), at most
-// a quarter TTL. So a wait pays for latency in proportion to the hold: it
-// reads about 8·ln(t2/t1) times between t1 and t2 into a hold (1.4 a
-// second from 2 s to 12 s), four times a TTL once the hold is two TTLs
-// old, and behind holds of a few milliseconds as the backoff and period
-// say; and a Lock behind a hold of h takes the key at most h/8 late.
+// a quarter TTL. It reads about 8·ln(t2/t1) times between t1 and t2 into
+// a hold (1.4 a second from 2 s to 12 s), and takes the key at most h/8
+// late after a hold of h.
 func (s *schedule) age(now time.Time) time.Duration {
 	return min(s.p.still(now)/8, s.cfg.ttl/4)
 }
 
-// limit is the longest the wait sleeps at once at now, asleep or not,
-// whatever its pacing planned (waitPoll): awake, maxSleep, so that the
-// head sees the key freed, and the next waiter that it is the head,
-// within a poll interval, or the hold's age allows (age), whichever is
-// longer; asleep (no free key waits for a sleeper while a waiter behind
-// it is awake), half a TTL. A sleeper sleeps no longer:
-// the waiters ahead may give up while it sleeps, and a sleep must not
-// outlive the view it was decided on by much, for then it is the first
-// awake place, and the key waits for it when no waiter behind it is awake
-// (TestHeadAfterWaitersAheadLeft). The liveness bounds do not rest on it:
-// the watches of the holder and of the waiters ahead wake a wait when one
-// may be cleared.
+// limit is the longest the wait sleeps at once at now, whatever its
+// pacing planned (waitPoll): awake, a poll interval (maxSleep) or what
+// the hold's age allows, whichever is longer; asleep, half a TTL, as the
+// waiters ahead may give up meanwhile, and a free key waits for the first
+// sleeper when no waiter behind it is awake (TestHeadAfterWaitersAheadLeft).
+// The bounds on the dead rest on the watches, which wake a wait sooner.
 func (s *schedule) limit(now time.Time, asleep bool) time.Duration {
 	if asleep {
 		return max(s.cfg.ttl/2, maxSleep(s.cfg))

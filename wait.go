@@ -605,21 +605,17 @@ func (c *Client) registration(rc *config, a attempt, sent time.Time) *Lease {
 }
 
 // registrations returns the config of the registrations of waits made
-// with c: a TTL of registrationTTLs of the waits' own, extended as much
-// less often. A registration is not a hold: no exclusion rests on it,
-// only how long a waiter that died holds up the queue (docs/fairness.md:
-// under three TTLs after its last extension), so its upkeep, one write per
-// waiting Client and cadence, is cut by as much.
+// with c: registrationTTLs of their TTL, extended as much less often. No
+// exclusion rests on a registration, only how long a dead waiter holds up
+// the queue (docs/fairness.md), so its upkeep is cut by as much.
 func (c *config) registrations() *config {
 	rc := *c
 	rc.ttl, rc.extendEvery = registrationTTLs*c.ttl, registrationTTLs*c.every()
 	return &rc
 }
 
-// registrationTTLs is how many of its wait's TTLs a registration lasts
-// unextended: two, so that a waiter that died is reaped within two TTLs,
-// a read of the one behind it (at most half a TTL) and a poll, of its
-// last extension.
+// registrationTTLs: a dead waiter is reaped within two TTLs, a read of
+// the one behind it (at most half a TTL) and a poll of its last extension.
 const registrationTTLs = 2
 
 // dropRegistration removes, in the background, the registration that
