@@ -135,11 +135,12 @@ func (m *MultiMutex) Lease() *MultiLease {
 // held are given back in one write (in the background when ctx had ended
 // already, bounded by a second; a key that write does not free in time
 // expires a TTL after its last extension, as it is no longer extended),
-// and the wait in progress cleans up as a Mutex's does. Any other failure (the Client closed: [ErrClosed]; a key
-// used by another kind of lock: [ErrKindMismatch]; the server's error that
-// waiting will not mend) leaves nothing held either. A ctx that has
-// already ended returns at once, with no command sent. A lost hold of the
-// MultiMutex is given back first, as Unlock would.
+// and the wait in progress cleans up as a Mutex's does. Any other failure
+// (the Client closed: [ErrClosed]; a key used by another kind of lock:
+// [ErrKindMismatch]; the server's error that waiting will not mend) leaves
+// nothing held either. A ctx that has already ended returns at once, with
+// no command sent. A lost hold of the MultiMutex is given back first, as
+// Unlock would.
 func (m *MultiMutex) Lock(ctx context.Context) error {
 	return m.lock(ctx, "dlock.MultiLock", false)
 }

@@ -37,9 +37,8 @@ type pacer interface {
 	// doze says whether a registered waiter with ahead waiters ahead of
 	// it, awake of them awake, its registration marked asleep or not,
 	// changes its mark (change) to sleep: exclusion and the queue's order
-	// hold whatever it answers,
-	// as the server checks every mark a claim passes (the simulation runs
-	// a pacer that marks at random).
+	// hold whatever it answers, as the server checks every mark a claim
+	// passes (the simulation runs a pacer that marks at random).
 	doze(ahead, awake int, asleep bool) (sleep, change bool)
 }
 
@@ -206,8 +205,8 @@ func (p *pacing) sawQueue(r record) {
 }
 
 // sleepy reports whether a registration made now starts asleep: as
-// rules' doze says for the waiters its primitive last saw registered
-// awake, who would all be ahead of it.
+// rules' doze says for the waiters its primitive last saw registered, and
+// the awake among them, who would all be ahead of it.
 func (p *pacing) sleepy(rules pacer) bool {
 	p.mu.Lock()
 	n, awake := p.waiting, p.awake
@@ -375,8 +374,8 @@ func (s *schedule) next(now time.Time, registered, head, asleep bool) time.Durat
 	case asleep:
 		// No free key waits for it (record.queueOpen), so it sleeps by its
 		// place, not on the backoff: half the turns until it is among the
-		// awakePlaces, or as long as the key stood still, whichever is
-		// longer, and at least a quarter of the minimum backoff.
+		// awakePlaces, or twice as long as the key stood still, whichever
+		// is longer, and at least a quarter of the minimum backoff.
 		d = max(2*s.p.still(now), cfg.minBackoff/4)
 		if period > 0 && s.ahead >= awakePlaces {
 			d = max(d, time.Duration(s.ahead-awakePlaces+1)*period/2)

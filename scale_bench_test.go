@@ -53,7 +53,7 @@ import (
 // its commands were. The environment variable DLOCK_SCALE_TIME (a positive
 // number, default 1) multiplies every row's simulated duration: 0.1 makes a
 // smoke run. DLOCK_SCALE_WITHOUT names a pacing rule to switch off (keep,
-// requeue, turn-plan, head-plan, period or sleep), to price it at scale.
+// requeue, turn-plan, head-plan, period, sleep or age), to price it at scale.
 //
 // It also logs the bytes one registration adds to a key's document in
 // MongoDB's encoding (scaleRegistrationBytes).
