@@ -550,8 +550,8 @@ func drawSimPlan(t *rapid.T, drift float64, mode simMode) simPlan {
 			case x < loss+3:
 				f.nextLife = true
 			case x < loss+40:
-				f.up = scale("up", 0, time.Millisecond, 100*time.Millisecond, time.Second, 3*time.Second)
-				f.down = scale("down", 0, time.Millisecond, 100*time.Millisecond, time.Second, 3*time.Second)
+				f.up = scale("up", 0, time.Millisecond, 100*time.Millisecond, time.Second, simMaxDelay)
+				f.down = scale("down", 0, time.Millisecond, 100*time.Millisecond, time.Second, simMaxDelay)
 			default:
 				f.up, f.down = dur("up", 0, 5*time.Millisecond), dur("down", 0, 5*time.Millisecond)
 			}
@@ -1104,14 +1104,17 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 		close(watchDone)
 
 		// Liveness: with the network healthy and everyone else gone, a new
-		// Client gets the key within two TTLs and a poll.
+		// Client gets the key within the bound on a dead waiter (its
+		// registration's TTL, a read, and a poll) of its last extension,
+		// which may land up to simMaxDelay after everyone left; a crashed
+		// holder's bound (two TTLs and a poll) is shorter.
 		probe, err := newClientOn(func(*telemetry) store { return st }, WithTTL(simClientTTL))
 		if err != nil {
 			k.fail("%v", err)
 			return
 		}
 		defer probe.Close(context.Background())
-		bound := 2*simClientTTL + DefaultMaxBackoff*2
+		bound := simMaxDelay + registrationTTLs*simClientTTL + simClientTTL/2 + DefaultMaxBackoff*2
 		ctx, cancel := context.WithTimeout(context.Background(), bound)
 		defer cancel()
 		called := time.Now()
