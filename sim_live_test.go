@@ -267,17 +267,7 @@ func TestSimulationLiveness(t *testing.T) {
 // waiters are ahead of it, asleep or not (wakeCountsSleepers): behind
 // waiters that died asleep, it sleeps on while the key stands free.
 func TestSimulationLivenessCatchesFlaw(t *testing.T) {
-	const budget = 2000
-	runs, found := 0, ""
-	for found == "" && runs < budget {
-		rapid.Check(t, func(rt *rapid.T) {
-			if found != "" || runs >= budget {
-				return
-			}
-			runs++
-			found = runLiveScene(t, drawLiveScene(rt, -1))
-		})
-	}
+	runs, found := catchWithin(t, 2000, func(rt *rapid.T) string { return runLiveScene(t, drawLiveScene(rt, -1)) })
 	if found == "" {
 		t.Fatalf("not caught in %d runs", runs)
 	}

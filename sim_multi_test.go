@@ -465,17 +465,10 @@ func TestSimulationMulti(t *testing.T) {
 // in the caller's order, not one canonical order, deadlock, and the
 // simulation catches it within its budget of runs.
 func TestSimulationMultiCatchesCallerOrder(t *testing.T) {
-	const budget = 300
-	runs, found := 0, ""
-	for found == "" && runs < budget {
-		rapid.Check(t, func(rt *rapid.T) {
-			if found != "" || runs >= budget {
-				return
-			}
-			runs++
-			found, _ = runMultiSim(t, drawMultiSimPlan(rt), flawMultiCallerOrder)
-		})
-	}
+	runs, found := catchWithin(t, 300, func(rt *rapid.T) string {
+		found, _ := runMultiSim(t, drawMultiSimPlan(rt), flawMultiCallerOrder)
+		return found
+	})
 	if found == "" {
 		t.Fatalf("not caught in %d runs", runs)
 	}

@@ -1331,6 +1331,23 @@ func TestSimulationPacers(t *testing.T) {
 	}
 }
 
+// catchWithin runs scenes drawn by rapid, one at a time, until one
+// returns a violation or budget of them ran; it returns how many ran, and
+// the violation ("" if none): how a test shows that the simulation
+// catches a flawed variant.
+func catchWithin(t *testing.T, budget int, scene func(rt *rapid.T) string) (runs int, found string) {
+	for found == "" && runs < budget {
+		rapid.Check(t, func(rt *rapid.T) {
+			if found != "" || runs >= budget {
+				return
+			}
+			runs++
+			found = scene(rt)
+		})
+	}
+	return runs, found
+}
+
 // The simulation catches flawed variants of the real code, and clocks
 // drifting beyond the bound, each within its budget of runs: a budget is
 // several times the most runs any variant needed to be caught in repeated
@@ -1381,21 +1398,15 @@ func TestSimulationCatchesFlaws(t *testing.T) {
 		{"a claim passes waiters it saw asleep without the server checking", flawPassAsSeen, nil, MaxClockDrift, simMutex, 5000, dozy},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			runs, found := 0, ""
 			start := time.Now()
-			for found == "" && runs < tc.budget {
-				rapid.Check(t, func(rt *rapid.T) {
-					if found != "" || runs >= tc.budget {
-						return
-					}
-					runs++
-					plan := drawSimPlan(rt, tc.drift, tc.mode)
-					if tc.plan != nil {
-						tc.plan(&plan)
-					}
-					found, _ = runSim(t, plan, tc.flaw, tc.storeFlaw)
-				})
-			}
+			runs, found := catchWithin(t, tc.budget, func(rt *rapid.T) string {
+				plan := drawSimPlan(rt, tc.drift, tc.mode)
+				if tc.plan != nil {
+					tc.plan(&plan)
+				}
+				found, _ := runSim(t, plan, tc.flaw, tc.storeFlaw)
+				return found
+			})
 			if found == "" {
 				t.Fatalf("not caught in %d runs", runs)
 			}
