@@ -98,7 +98,7 @@ func drawDuration(t *rapid.T, label string, most time.Duration) time.Duration {
 
 // liveDeadline is when, at the latest, a live waiter of sc must hold the
 // key, when what died held it up until each of upTo, counted from the
-// start (liveDies).
+// start (liveWorld.dies).
 func liveDeadline(sc liveScene, upTo []time.Duration) time.Duration {
 	ttl := DefaultTTL
 	free := sc.release
@@ -119,64 +119,40 @@ func runLiveScene(t *testing.T, sc liveScene) (failure string) {
 	return failure
 }
 
+// A liveWorld is a liveScene running in its bubble: what its waiters
+// share.
+type liveWorld struct {
+	st      *memStore
+	start   time.Time
+	took    chan string // the live waiters that took the key
+	wg      sync.WaitGroup
+	cancels []context.CancelFunc // of the waiters' Locks
+	mu      sync.Mutex
+	upTo    []time.Duration // guarded by mu: until when each of the dead may hold the key up (dies)
+}
+
 // liveRun is runLiveScene inside its bubble.
 func liveRun(t *testing.T, sc liveScene) string {
-	st, ctx := newMemStore(), context.Background()
+	ctx := context.Background()
 	var pace pacer = wakeCountsSleepers{}
 	if sc.pacer >= 0 {
 		pace = pacers()[sc.pacer].pacer
 	}
-	start := time.Now()
-	holder, hh := memClient(t, st)
+	lw := &liveWorld{st: newMemStore(), start: time.Now(), took: make(chan string, len(sc.waiters))}
+	defer lw.wg.Wait()
+	defer func() {
+		for _, cancel := range lw.cancels {
+			cancel()
+		}
+	}()
+	holder, hh := memClient(t, lw.st)
 	mh := holder.NewMutex("k")
 	if err := mh.Lock(ctx); err != nil {
 		return fmt.Sprintf("the holder's Lock: %v", err)
 	}
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	var mu sync.Mutex
-	var upTo []time.Duration // guarded by mu: how long each of the dead may hold the key up (liveDies)
-	took := make(chan string, len(sc.waiters))
-	var cancels []context.CancelFunc
-	defer func() {
-		for _, cancel := range cancels {
-			cancel()
-		}
-	}()
 	for i, w := range sc.waiters {
-		opts := []Option{withPacer(pace)}
-		if w.asleep {
-			asleep := new(atomic.Bool)
-			asleep.Store(true)
-			opts = []Option{withPacer(dozer{asleep: asleep})}
-		}
-		c, h := memClient(t, st, opts...)
-		wctx, cancel := context.WithCancel(ctx)
-		cancels = append(cancels, cancel)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			m := c.NewMutex("k")
-			if m.Lock(wctx) != nil {
-				return
-			}
-			switch w.fate { // one that took the key before its end holds it until then
-			case liveStays:
-				took <- c.owner
-			case liveLeaves:
-				<-wctx.Done()
-				m.Unlock(ctx)
-			}
-		}()
-		synctest.Wait()
-		if !slices.Contains(waiters(st, "k"), c.owner) {
-			return fmt.Sprintf("waiter %d did not register", i)
-		}
-		switch w.fate {
-		case liveLeaves:
-			time.AfterFunc(w.at, func() { liveDies(st, c, w.fate, &mu, &upTo, time.Since(start), cancel) })
-		case liveCrashes:
-			time.AfterFunc(w.at, func() { liveDies(st, c, w.fate, &mu, &upTo, time.Since(start), func() { h.stop(t) }) })
+		if failure := lw.queue(t, i, w, pace); failure != "" {
+			return failure
 		}
 	}
 	if sc.crash {
@@ -188,35 +164,72 @@ func liveRun(t *testing.T, sc liveScene) string {
 	for _, w := range sc.waiters {
 		last = max(last, w.at)
 	}
-	time.Sleep(last + time.Millisecond - time.Since(start)) // every event has happened
-	mu.Lock()
-	deadline := liveDeadline(sc, upTo)
-	mu.Unlock()
-	if late := deadline - time.Since(start); late > 0 {
+	time.Sleep(last + time.Millisecond - time.Since(lw.start)) // every event has happened
+	lw.mu.Lock()
+	deadline := liveDeadline(sc, lw.upTo)
+	lw.mu.Unlock()
+	if late := deadline - time.Since(lw.start); late > 0 {
 		select {
-		case <-took:
+		case <-lw.took:
 			return ""
 		case <-time.After(late):
 		}
 	}
 	select {
-	case <-took: // by the deadline: the clock stands still while the bubble's goroutines run
+	case <-lw.took: // by the deadline: the clock stands still while the bubble's goroutines run
 		return ""
 	default:
 		return fmt.Sprintf("no live waiter took the key by %v (queue %s, holder %q)",
-			deadline, liveQueue(st), holderOf(st, "k"))
+			deadline, liveQueue(lw.st), holderOf(lw.st, "k"))
 	}
 }
 
-// liveDies ends waiter c, of fate, at now by die, after noting until when
-// it may hold the key up, by the bounds of docs/fairness.md: a waiter
-// marked awake, until it is reaped, its registration's TTL, half a TTL
-// (the longest read interval behind it, a sleeper's) and a poll after it
-// died; one
-// that took the key, until it frees it as it leaves, or two TTLs and a
-// poll after it crashed; one marked asleep, not at all.
-func liveDies(st *memStore, c *Client, fate liveFate, mu *sync.Mutex, upTo *[]time.Duration, now time.Duration, die func()) {
-	ttl, r := DefaultTTL, holder(st, "k")
+// queue starts waiter i, w, paced by pace (or asleep on purpose), and
+// waits until it registered; it schedules its end.
+func (lw *liveWorld) queue(t *testing.T, i int, w liveWaiter, pace pacer) string {
+	ctx := context.Background()
+	if w.asleep {
+		asleep := new(atomic.Bool)
+		asleep.Store(true)
+		pace = dozer{asleep: asleep}
+	}
+	c, h := memClient(t, lw.st, withPacer(pace))
+	wctx, cancel := context.WithCancel(ctx)
+	lw.cancels = append(lw.cancels, cancel)
+	lw.wg.Go(func() {
+		m := c.NewMutex("k")
+		if m.Lock(wctx) != nil {
+			return
+		}
+		switch w.fate { // one that took the key before its end holds it until then
+		case liveStays:
+			lw.took <- c.owner
+		case liveLeaves:
+			<-wctx.Done()
+			m.Unlock(ctx)
+		}
+	})
+	synctest.Wait()
+	if !slices.Contains(waiters(lw.st, "k"), c.owner) {
+		return fmt.Sprintf("waiter %d did not register", i)
+	}
+	switch w.fate {
+	case liveLeaves:
+		time.AfterFunc(w.at, func() { lw.dies(c, w.fate, cancel) })
+	case liveCrashes:
+		time.AfterFunc(w.at, func() { lw.dies(c, w.fate, func() { h.stop(t) }) })
+	}
+	return ""
+}
+
+// dies ends waiter c, of fate, by die, after noting until when it may
+// hold the key up, by the bounds of docs/fairness.md: a waiter marked
+// awake, until it is reaped, its registration's TTL, half a TTL (the
+// longest read interval behind it, a sleeper's) and a poll after it died;
+// one that took the key, until it frees it as it leaves, or two TTLs and
+// a poll after it crashed; one marked asleep, not at all.
+func (lw *liveWorld) dies(c *Client, fate liveFate, die func()) {
+	ttl, r, now := DefaultTTL, holder(lw.st, "k"), time.Since(lw.start)
 	until := time.Duration(0)
 	switch {
 	case r.Owner == c.owner && fate == liveCrashes:
@@ -229,9 +242,9 @@ func liveDies(st *memStore, c *Client, fate liveFate, mu *sync.Mutex, upTo *[]ti
 			until = now + registrationTTLs*ttl + ttl/2 + fairPoll
 		}
 	}
-	mu.Lock()
-	*upTo = append(*upTo, until)
-	mu.Unlock()
+	lw.mu.Lock()
+	lw.upTo = append(lw.upTo, until)
+	lw.mu.Unlock()
 	die()
 }
 
