@@ -123,7 +123,9 @@ func (m *MultiMutex) Lease() *MultiLease {
 // waits for each key, in the canonical order, as [Mutex.Lock] does,
 // holding the keys before it meanwhile (see MultiMutex). If the hold of a
 // key it already took is lost while it waits for a later one, it gives
-// every key back and starts again. A bulk write whose reply comes too late
+// every key back and starts again; the third time in a row, it fails with
+// that hold's [*LeaseLostError] (holds it cannot keep: a server too slow
+// to extend them all within the TTL, or a Client cut off from it). A bulk write whose reply comes too late
 // for the TTL halves the next one, and a key taken alone whose replies are
 // late three times in a row ends the Lock with [ErrTTLTooShort], as for a
 // Mutex: on a slow server Lock makes progress while single-key round trips
@@ -256,7 +258,7 @@ func (c *Client) lockAll(ctx context.Context, m *MultiMutex, name string, try bo
 	cls := m.claims(traceOf(span, parent))
 	attempts, limit := 0, len(cls)
 	defer func() { c.tel.endMultiLock(ctx, span, start, attempts, ml, err) }()
-	for {
+	for losses := 1; ; losses++ {
 		g := &gathering{c: c, ctx: ctx, m: m, cls: cls, try: try, held: make([]*Lease, len(cls)), slot: make([]bool, len(cls)), limit: limit}
 		ml, err = g.run()
 		attempts, limit = attempts+g.attempts, g.limit
@@ -265,13 +267,22 @@ func (c *Client) lockAll(ctx context.Context, m *MultiMutex, name string, try bo
 			return ml, err
 		case ctx.Err() != nil: // lost a key, and out of time to start again
 			return nil, m.keysError("lock", (&waitLog{}).waitError(ctx, m.keys[0], nil))
+		case losses == maxKeyLosses:
+			return nil, m.keysError("lock", fmt.Errorf("lost a key it held %d times in a row before it held them all: %w", losses, err))
 		}
 	}
 }
 
 // errKeyLost ends a gathering whose hold of a key it took was lost before
-// it held them all: Lock starts again.
+// it held them all (wrapping that hold's error): Lock starts again.
 var errKeyLost = errors.New("dlock: the hold of a key was lost while waiting for the next")
+
+// maxKeyLosses is how many times in a row a Lock starts again after the
+// hold of a key it took was lost before it holds them all: holds that are
+// lost again and again will not be kept (a server too slow to extend so
+// many of them within the TTL, or a Client cut off from it), and the Lock
+// fails with the last loss's error rather than retry until ctx ends.
+const maxKeyLosses = 3
 
 // A gathering is one attempt of a MultiMutex's Lock (or TryLock) to hold
 // all its keys: what its steps share.
@@ -319,7 +330,7 @@ func (g *gathering) run() (*MultiLease, error) {
 				case g.try: // one attempt: the loss is its error
 					err = g.ml.Err()
 				case g.ctx.Err() == nil:
-					return nil, errKeyLost
+					return nil, g.keyLost()
 				default:
 					err = callersEnd(g.ctx, err) // the caller's ctx ended too, after the loss ended the wait
 				}
@@ -332,13 +343,16 @@ func (g *gathering) run() (*MultiLease, error) {
 		if err := l.Err(); err != nil { // lost meanwhile: hold them all again, or none
 			g.abort()
 			if !g.try {
-				return nil, errKeyLost
+				return nil, g.keyLost()
 			}
 			return nil, g.m.keysError("lock", err)
 		}
 	}
 	return g.ml, nil
 }
+
+// keyLost is errKeyLost, with the error of the hold that was lost.
+func (g *gathering) keyLost() error { return fmt.Errorf("%w: %w", errKeyLost, g.ml.Err()) }
 
 // callersEnd is err, the error of a wait that a lost key ended, as the
 // error of its Lock's ctx, which has ended since: what the wait saw, with

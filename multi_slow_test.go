@@ -113,3 +113,27 @@ func TestMultiTryLockGivesBackBeforeReturning(t *testing.T) {
 		assertFree(t, memKeys{st}, "a", "b", "c")
 	})
 }
+
+// TestMultiLockGivesUpOnHoldsItCannotKeep: a Lock whose holds are lost
+// while it waits for a later key (its Client's extensions never answered)
+// starts again, and the third loss in a row ends it with the loss's
+// error, long before its ctx ends.
+func TestMultiLockGivesUpOnHoldsItCannotKeep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		a, h := memClient(t, st)
+		b, _ := memClient(t, st)
+		h.on("extend", hang)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		defer cancel()
+		require.NoError(t, b.NewMutex("y").Lock(ctx)) // held for good: a waits for it while holding x
+		start := time.Now()
+		err := a.NewMultiMutex([]string{"x", "y"}).Lock(ctx)
+		require.ErrorIs(t, err, ErrLeaseLost)
+		require.NoError(t, ctx.Err(), "the Lock ran until its ctx ended")
+		t.Logf("%v after %v", err, time.Since(start))
+		assert.Less(t, time.Since(start), maxKeyLosses*2*DefaultTTL)
+		settled(t, a)
+		assertFree(t, memKeys{st}, "x")
+	})
+}
