@@ -330,7 +330,7 @@ func (g *gathering) run() (*MultiLease, error) {
 				case g.try: // one attempt: the loss is its error
 					err = g.ml.Err()
 				case g.ctx.Err() == nil:
-					return nil, g.keyLost()
+					return nil, keyLost(g.ml.Err())
 				default:
 					err = callersEnd(g.ctx, err) // the caller's ctx ended too, after the loss ended the wait
 				}
@@ -343,7 +343,7 @@ func (g *gathering) run() (*MultiLease, error) {
 		if err := l.Err(); err != nil { // lost meanwhile: hold them all again, or none
 			g.abort()
 			if !g.try {
-				return nil, g.keyLost()
+				return nil, keyLost(err)
 			}
 			return nil, g.m.keysError("lock", err)
 		}
@@ -351,8 +351,9 @@ func (g *gathering) run() (*MultiLease, error) {
 	return g.ml, nil
 }
 
-// keyLost is errKeyLost, with the error of the hold that was lost.
-func (g *gathering) keyLost() error { return fmt.Errorf("%w: %w", errKeyLost, g.ml.Err()) }
+// keyLost is errKeyLost, with err, the error of the hold that was lost
+// (taken before abort ends the MultiLease as released).
+func keyLost(err error) error { return fmt.Errorf("%w: %w", errKeyLost, err) }
 
 // callersEnd is err, the error of a wait that a lost key ended, as the
 // error of its Lock's ctx, which has ended since: what the wait saw, with
