@@ -1163,10 +1163,12 @@ func headAfterWaitersAheadLeft(t *testing.T, st func() store, ttl time.Duration,
 	c, h := memClient(t, st(), WithTTL(ttl))
 	m := c.NewMutex("k")
 	took := make(chan time.Time, 1)
-	go func() {
+	go func() { // sends once done with the Client, which the test's end closes
+		defer close(took)
 		if assert.NoError(t, m.Lock(ctx)) {
-			took <- time.Now()
+			at := time.Now()
 			assert.NoError(t, m.Unlock(ctx))
+			took <- at
 		}
 	}()
 	time.Sleep(ttl * 3 / 2) // the long hold: the key stands still past a TTL
@@ -1180,7 +1182,9 @@ func headAfterWaitersAheadLeft(t *testing.T, st func() store, ttl time.Duration,
 	}
 	ended := time.Now()
 	require.NoError(t, mh.Unlock(ctx))
-	wait := (<-took).Sub(ended)
+	at, ok := <-took
+	require.True(t, ok, "the waiter did not take the key")
+	wait := at.Sub(ended)
 	t.Logf("the waiter took the key %v after the hold ended", wait)
 	assert.LessOrEqual(t, wait, ttl/4+fairPoll, "the key waited for a sleeper")
 }
