@@ -192,75 +192,46 @@ func TestFairQueueWaiterLeaves(t *testing.T) {
 	})
 }
 
-// TestRegisterOutrun: a Lock whose registration is outrun, its
-// compare-and-set on the queue counter beaten by another registration
-// each time, reads the counter and tries again, registerRetries times,
-// before it waits unregistered: when Clients start together, each of
-// them joins the queue at its first Lock's wait, not after polls that
-// let the others' next Locks register ahead of it (measured on the test
-// server: see registerRetries). Here an intruder registers just before
-// each of a's first registerRetries registrations; a's next one gets
-// through, behind the intruders, with no time passed.
-func TestRegisterOutrun(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		st := newMemStore()
-		a, ha := memClient(t, st)
-		b, _ := memClient(t, st)
-		mb := b.NewMutex("k")
-		require.NoError(t, mb.Lock(context.Background()))
-		outruns := 0
-		ha.on("register", func(ctx context.Context, call func() error) error {
-			if outruns < registerRetries {
-				outruns++
-				// Past a's guess, whether it is the counter last seen plus
-				// queueSlack (the first) or the counter just read (the rest).
-				in := attempt{key: "k", owner: "intruder", hold: int64(outruns), ttl: time.Minute, queue: holder(st, "k").Queue + queueSlack}
-				_, err := st.register(ctx, in)
-				require.NoError(t, err)
-			}
-			return call()
-		})
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		start := time.Now()
-		aErr := make(chan error, 1)
-		go func() { aErr <- a.NewMutex("k").Lock(ctx) }()
-		synctest.Wait() // a has registered, or waits for its poll unregistered
-		want := append(slices.Repeat([]string{"intruder"}, registerRetries), a.owner)
-		assert.Equal(t, want, waiters(st, "k"), "a registered behind the intruders")
-		assert.Equal(t, registerRetries+1, ha.count("register"), "a's registrations")
-		assert.Zero(t, time.Since(start), "a registered after waiting")
-		cancel()
-		require.ErrorIs(t, <-aErr, context.Canceled)
-		require.NoError(t, mb.Unlock(context.Background()))
-	})
-}
-
-// TestRegisterGuessesAgain: two Locks whose Mutexes last saw the same
-// queue counter guess the same number; the second to register, outrun by
-// the first, guesses again queueSlack+1 higher, without reading the
-// counter first (see queueSlack), and gets the number after the first's.
-func TestRegisterGuessesAgain(t *testing.T) {
+// TestRegisterCannotBeOutrun: Clients that start waiting together each
+// register with one call (its two writes) and get distinct queue
+// numbers, however many register at once: the first write takes a number
+// from the counter, the second writes it, and no other registration can
+// make either fail. Forty-seven Locks start at once behind a hold; every
+// one is registered before any time passes.
+func TestRegisterCannotBeOutrun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newMemStore()
 		h, _ := memClient(t, st)
-		a, _ := memClient(t, st)
-		b, hb := memClient(t, st)
 		mh := h.NewMutex("k")
 		require.NoError(t, mh.Lock(context.Background()))
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		aErr, bErr := make(chan error, 1), make(chan error, 1)
-		go func() { aErr <- a.NewMutex("k").Lock(ctx) }()
-		synctest.Wait() // a registered: its guess, the counter it never saw (0) plus queueSlack
-		go func() { bErr <- b.NewMutex("k").Lock(ctx) }()
-		synctest.Wait() // b registered, or waits for its poll unregistered
-		assert.Equal(t, []string{a.owner, b.owner}, waiters(st, "k"))
-		assert.Equal(t, 2, hb.count("register"), "b's registrations: the first guess, outrun, and the second")
-		assert.Zero(t, hb.count("read"), "b read the counter")
+		const n = 47
+		var hs []*hooked
+		errs := make(chan error, n)
+		for range n {
+			c, hc := memClient(t, st)
+			hs = append(hs, hc)
+			go func() { errs <- c.NewMutex("k").Lock(ctx) }()
+		}
+		start := time.Now()
+		synctest.Wait()
+		assert.Zero(t, time.Since(start), "registered after waiting")
+		r := holder(st, "k")
+		assert.Len(t, r.Waiters, n, "every waiter registered")
+		numbers := map[int64]bool{}
+		for _, e := range r.Waiters {
+			assert.NotZero(t, e.Q, "a pending registration")
+			numbers[e.Q] = true
+		}
+		assert.Len(t, numbers, n, "queue numbers are distinct")
+		for _, hc := range hs {
+			assert.Equal(t, 1, hc.count("register"), "registrations of one wait")
+		}
 		cancel()
-		require.ErrorIs(t, <-aErr, context.Canceled)
-		require.ErrorIs(t, <-bErr, context.Canceled)
+		for range n {
+			require.ErrorIs(t, <-errs, context.Canceled)
+		}
 		require.NoError(t, mh.Unlock(context.Background()))
 	})
 }
@@ -275,9 +246,14 @@ func TestRequeueGuessesAgain(t *testing.T) {
 		st := newMemStore()
 		sc := requeueScene(t, st)
 		ctx := context.Background()
-		in := attempt{key: "k", owner: "intruder", hold: 1, ttl: time.Minute, queue: holder(st, "k").Queue + queueSlack}
-		_, err := st.register(ctx, in)
+		guess := holder(st, "k").Queue + queueSlack // a's, and another Client's requeue's from the same view
+		_, err := st.register(ctx, attempt{key: "k", owner: "intruder", hold: 1, ttl: time.Minute})
 		require.NoError(t, err)
+		st.mu.Lock()
+		r := st.records["k"]
+		r.Queue = guess + 1 // as that requeue leaves it
+		st.records["k"] = r
+		st.mu.Unlock()
 		requeues, releases := sc.ha.count("requeue"), sc.ha.count("release")
 		time.Sleep(time.Second) // a hold too long to keep (keep.go)
 		require.NoError(t, sc.ma.Unlock(ctx))

@@ -168,8 +168,8 @@ func (p *pacing) period(now time.Time, ttl time.Duration) time.Duration {
 	return p.every
 }
 
-// queueGuess is the queue counter to register with: the one last seen,
-// plus queueSlack. A registration takes the number after its guess if the
+// queueGuess is the queue counter a requeue registers with: the one last
+// seen, plus queueSlack. A requeue takes the number after its guess if the
 // counter is at most the guess, so the slack lets it through when up to
 // queueSlack waiters registered since the primitive last looked, which
 // would otherwise cost a failed write and a read. Numbers stay unique and
@@ -182,12 +182,12 @@ func (p *pacing) queueGuess() int64 {
 }
 
 // queueSlack: see queueGuess. Two Clients that last saw the same counter
-// guess the same: the first to register moves the counter to its guess
-// plus one, past the other's guess, so the other's registration (or
-// requeue) fails. Its second try guesses queueSlack+1 higher, which is the
-// first's number plus queueSlack, without reading the counter first.
-// Without the slack, such a failure costs a read and another write
-// (docs/fairness.md prices it).
+// guess the same: the first to requeue moves the counter to its guess
+// plus one, past the other's guess, so the other's requeue fails. Its
+// second try guesses queueSlack+1 higher, which is the first's number
+// plus queueSlack, without reading the counter first. Without the slack,
+// such a failure costs a plain release and a registration of the next
+// Lock's own (docs/fairness.md prices it).
 const queueSlack = 64
 
 // sawQueue records the key's queue counter, how many waiters are

@@ -76,7 +76,7 @@ func (c *Client) requeue(ctx context.Context, l *Lease, cl claim) (bool, error) 
 	case errors.Is(err, errNotOwner):
 		return false, nil
 	case err != nil:
-		c.dropRegistration(a)
+		c.dropRegistration(a, a.queue+1)
 		return true, err
 	}
 	cl.pace.sawQueue(r)

@@ -375,6 +375,8 @@ func (l *scaleLink) mark(ctx context.Context, ref leaseRef, sleep bool) (record,
 }
 
 func (l *scaleLink) register(ctx context.Context, a attempt) (record, error) {
+	l.send(opRegister) // two writes (store.register): two round trips, counted as two
+	l.back()
 	l.send(opRegister)
 	defer l.back()
 	return l.st.register(ctx, a)

@@ -421,13 +421,17 @@ type store interface {
 	// it, and it may be 0 when none is.
 	readAll(ctx context.Context, keys []string) ([]record, Token, error)
 	// register records attempt a as waiting for the exclusive hold of its
-	// key, with queue number a.queue+1, if the record exists, is of a's
-	// kind and its queue counter is at most a.queue (it becomes a.queue+1,
-	// so numbers only grow, in the order of registration), marked asleep
-	// if a.sleep; it returns the record written, or errHeld. While
-	// registered and awake, a waiter is owed the key before every waiter
-	// registered after it; while registered, asleep or not, no new shared
-	// hold is taken.
+	// key, if the record exists and is of a's kind, with the next number
+	// of the queue counter (so numbers only grow, in the order
+	// registrations take them), marked asleep if a.sleep; it returns the
+	// record written, or errHeld. It takes two writes (mongoStore.register),
+	// and no other registration can make either fail: between them a's
+	// entry is pending, numbered 0 and marked asleep. It returns errHeld
+	// too when that entry was cleared before the second, and with another
+	// error the record the first wrote, if it applied (its counter is a's
+	// number). While registered and awake, a waiter is owed the key before
+	// every waiter registered after it; while registered, asleep or not,
+	// no new shared hold is taken.
 	register(ctx context.Context, a attempt) (record, error)
 	// reap removes, in one write, entries whose epochs show their owners
 	// stopped extending them; all or nothing: false when any has changed.

@@ -136,28 +136,46 @@ func (s *memStore) take(a attempt, takeover stamp) (record, error) {
 }
 
 func (s *memStore) register(ctx context.Context, a attempt) (record, error) {
+	pending, err := s.registerStep(ctx, a, 0, func(r *record) {
+		r.Queue++
+		r.enqueue(a, 0, true)
+	})
+	if err != nil {
+		return record{}, err
+	}
+	q := pending.Queue
+	r, err := s.registerStep(ctx, a, pending.Waiters[a.holdKey()].Epoch, func(r *record) { r.enqueue(a, q, a.sleep) })
+	if err != nil {
+		return pending, err
+	}
+	return r, nil
+}
+
+// registerStep is one of register's writes: change, applied to a's key's
+// record if it is of a's kind and, for the second (epoch not 0), still
+// has a's pending entry with that epoch; errHeld otherwise.
+func (s *memStore) registerStep(ctx context.Context, a attempt, epoch int64, change func(*record)) (record, error) {
 	if err := s.begin(ctx); err != nil {
 		return record{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, exists := s.get(a.key)
-	if !exists || r.Kind != a.kind || r.Queue > a.queue {
+	if e, ok := r.Waiters[a.holdKey()]; !exists || r.Kind != a.kind || epoch != 0 && (!ok || e.Q != 0 || e.Epoch != epoch) {
 		return record{}, errHeld
 	}
-	r.enqueue(a)
+	change(&r)
 	r.Rev-- // a registration is not a hold: it leaves the revision alone
 	return s.write(a.key, r), nil
 }
 
-// enqueue adds a's registration with queue number a.queue+1, which also
-// becomes the queue counter.
-func (r *record) enqueue(a attempt) {
+// enqueue adds a's registration with queue number q, marked asleep or
+// not.
+func (r *record) enqueue(a attempt, q int64, sleep bool) {
 	if r.Waiters == nil {
 		r.Waiters = map[string]entry{}
 	}
-	r.Queue = a.queue + 1
-	r.Waiters[a.holdKey()] = entry{Owner: a.owner, Hold: a.hold, TTL: a.ttl, Epoch: rand.Int64N(1 << 62), Q: r.Queue, Sleep: a.sleep}
+	r.Waiters[a.holdKey()] = entry{Owner: a.owner, Hold: a.hold, TTL: a.ttl, Epoch: 1 + rand.Int64N(1<<62), Q: q, Sleep: sleep}
 }
 
 func (s *memStore) mark(ctx context.Context, ref leaseRef, sleep bool) (record, error) {
@@ -190,7 +208,8 @@ func (s *memStore) requeue(ctx context.Context, ref leaseRef, next attempt) (rec
 	}
 	r.settle(ref)
 	r.Owner, r.Data, r.Trace = "", nil, holdTrace{}
-	r.enqueue(next)
+	r.Queue = next.queue + 1
+	r.enqueue(next, r.Queue, next.sleep)
 	return s.write(ref.key, r), nil
 }
 

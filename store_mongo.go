@@ -595,17 +595,41 @@ func (s *mongoStore) acquireShared(ctx context.Context, a attempt) (record, erro
 	return s.upsert(ctx, a.key, filter, update)
 }
 
+// register makes a's registration in two writes, so that no other can
+// outrun it (as a compare-and-set on the queue counter could be, again
+// and again): the first takes the next number of the counter and writes
+// a pending entry, with number 0 and marked asleep, which no claim waits
+// for; the second numbers that entry, if it is still there, by its exact
+// value. While the entry is there the record cannot be pruned, so the
+// counter cannot start again between the two.
 func (s *mongoStore) register(ctx context.Context, a attempt) (record, error) {
-	filter := bson.D{{Key: "_id", Value: a.key}, kindFilter(a.kind), queueAtMost(a.queue)}
+	hk := a.holdKey()
+	pending := waiterValue(0, a.ttl, s.epoch())
 	update := bson.D{ // a registration is not a hold: it leaves the revision alone
-		{Key: "$set", Value: s.registration(a)},
+		{Key: "$inc", Value: bson.D{{Key: fQueue, Value: int64(1)}}},
+		{Key: "$set", Value: bson.D{{Key: path(fW, hk), Value: pending}, {Key: path(fSleep, hk), Value: int64(0)}}},
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 	}
-	r, err := s.modify(ctx, filter, update, "register a waiter for", a.key)
+	first, err := s.modify(ctx, bson.D{{Key: "_id", Value: a.key}, kindFilter(a.kind)}, update, "register a waiter for", a.key)
 	if errors.Is(err, errNotOwner) {
-		err = errHeld
+		return record{}, errHeld
+	} else if err != nil {
+		return record{}, err
 	}
-	return r, err
+	a.queue = first.Queue - 1
+	update = bson.D{{Key: "$set", Value: s.registration(a)[1:]}} // the entry, and its mark if asleep; the counter is there
+	if !a.sleep {
+		update = append(update, bson.E{Key: "$unset", Value: bson.D{{Key: path(fSleep, hk), Value: ""}}})
+	}
+	update = append(update, bson.E{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}})
+	r, err := s.modify(ctx, bson.D{{Key: "_id", Value: a.key}, {Key: path(fW, hk), Value: pending}}, update, "register a waiter for", a.key)
+	if errors.Is(err, errNotOwner) {
+		err = errHeld // cleared while pending
+	}
+	if err != nil {
+		return first, err
+	}
+	return r, nil
 }
 
 func (s *mongoStore) reap(ctx context.Context, key string, at stamp, stale []staleEntry) (bool, error) {

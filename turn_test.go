@@ -32,6 +32,7 @@ func (s slowStore) read(ctx context.Context, key string) (record, error) {
 }
 func (s slowStore) register(ctx context.Context, a attempt) (record, error) {
 	s.wait()
+	s.wait() // two writes (store.register)
 	return s.store.register(ctx, a)
 }
 func (s slowStore) requeue(ctx context.Context, ref leaseRef, next attempt) (record, error) {

@@ -540,51 +540,30 @@ func (q *queueing) asleep() bool { return q.registered() && q.sleep }
 // (exclusiveWait.remark).
 func (q *queueing) head() bool { return !q.registered() || !q.sleep && q.awake == 0 }
 
-// registerRetries is how many times a registration that was outrun (its
-// compare-and-set found the queue counter moved) reads the counter and
-// tries again before its wait goes on unregistered until the next poll.
-// Each failure means another registration applied, so when m Clients
-// register at once, as when they start together, at least one of them
-// gets through each round, and 8 Clients that start together all
-// register within their first Locks.
-const registerRetries = 4
-
 // enqueue registers attempt a as a waiter for its key, with the next
-// queue number: a compare-and-set on the key's queue counter as cl's
-// primitive last saw it; when that was stale it guesses once more,
-// queueSlack+1 higher (see queueSlack), and then reads the counter and
-// tries again, up to registerRetries times. It returns the record
-// written; unregistered, the record it read (the zero record when the
-// key has none). A registration whose outcome is unknown is removed in
-// the background.
+// queue number, in two writes that no other registration can outrun
+// (store.register). It returns the record written; unregistered (no
+// record of a's kind, or the entry cleared between the two writes), the
+// record it then read (the zero record when the key has none), to wait
+// unregistered until the next poll. A registration whose outcome is
+// unknown is removed in the background.
 func (c *Client) enqueue(ctx context.Context, cl claim, a attempt, q *queueing) (record, error) {
 	rc := cl.cfg.registrations()
 	a.ttl = rc.ttl
-	a.queue = cl.pace.queueGuess()
 	a.sleep = cl.pace.sleepy(c.pacer)
 	sent := c.clock.Now()
 	r, err := c.store.register(ctx, a)
-	if errors.Is(err, errHeld) { // see queueSlack: once, guess again without reading
-		a.queue += queueSlack + 1
-		sent = c.clock.Now()
-		r, err = c.store.register(ctx, a)
-	}
-	var read record
-	for i := 0; i < registerRetries && errors.Is(err, errHeld); i++ { // a stale counter, or no record of a's kind
-		if read, err = c.store.read(ctx, a.key); err != nil || read.Rev == 0 || read.Kind != a.kind {
-			return read, err
-		}
-		a.queue = read.Queue
-		sent = c.clock.Now()
-		r, err = c.store.register(ctx, a)
-	}
 	switch {
 	case errors.Is(err, errHeld):
-		return read, nil // outrun every time: wait unregistered, and try again after the poll
+		return c.store.read(ctx, a.key)
 	case err != nil:
-		c.dropRegistration(a)
+		c.dropRegistration(a, 0) // pending
+		if r.Queue != 0 {
+			c.dropRegistration(a, r.Queue) // or numbered
+		}
 		return record{}, err
 	}
+	a.queue = r.Waiters[a.holdKey()].Q - 1
 	reg := c.registration(rc, a, sent)
 	if !c.ext.add(reg) {
 		c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, reg.ref()) })
@@ -620,8 +599,8 @@ const registrationTTLs = 2
 
 // dropRegistration removes, in the background, the registration that
 // attempt a may have made: its reply did not come.
-func (c *Client) dropRegistration(a attempt) {
-	ref := leaseRef{key: a.key, owner: a.owner, hold: a.hold, ttl: a.ttl, token: Token(a.queue + 1), role: roleWaiter}
+func (c *Client) dropRegistration(a attempt, q int64) {
+	ref := leaseRef{key: a.key, owner: a.owner, hold: a.hold, ttl: a.ttl, token: Token(q), role: roleWaiter}
 	c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
 }
 
@@ -653,7 +632,9 @@ func (c *Client) view(cl claim, a attempt, r record, ew *entryWatch, q *queueing
 			for hk := range q.ahead {
 				blocking.Waiters[hk] = r.Waiters[hk]
 				switch {
-				case !r.Waiters[hk].Sleep:
+				case !r.Waiters[hk].Sleep || r.Waiters[hk].Q == 0:
+					// Awake; or pending (store.register), marked asleep
+					// only until its number, perhaps below ours, is written.
 					q.awake++
 				case c.cfg.hooks.flawed(flawPassAsSeen):
 					delete(q.ahead, hk) // the acquire's filter no longer checks it
