@@ -11,8 +11,8 @@ import (
 // (keep.go) share: what an Unlock leaves for its primitive's next Lock, and
 // how it is picked up or disposed of. docs/fairness.md has why.
 //
-// Under contention a Client that loops Lock, work, Unlock spends a command
-// on every Lock to register behind the others. When its primitive's last
+// Under contention a Client that loops Lock, work, Unlock spends two
+// writes on every Lock to register behind the others. When its primitive's last
 // Lock came soon after the Unlock before it (within the requeue window),
 // and that Lock had to wait, the next Unlock frees the key and registers
 // the Client's next Lock in one write. The registration is kept, with the
