@@ -27,7 +27,11 @@ func TestRegisterBetweenItsWrites(t *testing.T) {
 		check   func(t *testing.T, r record, err error)
 	}{
 		{"another registers", func(t *testing.T, st *mongoStore) {
-			_, err := st.register(context.Background(), attempt{key: "k", owner: "b", hold: 1, ttl: time.Minute})
+			r, err := st.read(context.Background(), "k")
+			require.NoError(t, err)
+			pending := r.Waiters[holdKey("a", 1)]
+			assert.True(t, pending.Q == 0 && pending.Sleep, "a's entry is pending: numbered 0, asleep (%+v)", pending)
+			_, err = st.register(context.Background(), attempt{key: "k", owner: "b", hold: 1, ttl: time.Minute})
 			require.NoError(t, err)
 		}, func(t *testing.T, r record, err error) {
 			require.NoError(t, err)

@@ -105,10 +105,11 @@ func (d lockDoc) record() record {
 // asleep marks the registrations in w that z marks asleep: those whose
 // queue number z names (a mark names the registration it was written
 // for, so one left behind by a Client that did not remove it marks no
-// later registration under the same hold key).
+// later registration under the same hold key), a pending one's (number
+// 0: register) included.
 func asleep(w map[string]entry, z map[string]int64) map[string]entry {
 	for hk, q := range z {
-		if e, ok := w[hk]; ok && e.Q == q && q != 0 {
+		if e, ok := w[hk]; ok && e.Q == q {
 			e.Sleep = true
 			w[hk] = e
 		}
