@@ -1,6 +1,7 @@
 package dlock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -271,6 +272,7 @@ func kindError(key, want, got string) error {
 func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease, int, error) {
 	x := &sharedWait{c: c, ctx: ctx, cl: cl, try: try, a: cl.attempt, sched: cl.pace.shared(cl.cfg, c.pacer)}
 	x.a.owner, x.a.hold = c.owner, c.holdIDs.Add(1)
+	x.queues = !try && strings.HasPrefix(x.a.kind, "sem/") && c.queues(x.a.kind)
 	if c.cfg.hooks.flawed(flawSharedOverLimit) {
 		x.a.limit++
 	}
@@ -308,6 +310,11 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 			x.lastErr = err
 		case try:
 			return nil, x.attempts, x.giveUp(errLockedElsewhere)
+		case x.queues && !x.q.registered():
+			if ready, err = x.join(); ready {
+				continue
+			}
+			x.lastErr = cmp.Or(err, x.lastErr)
 		}
 		now := c.clock.Now()
 		if err := c.waitPoll(ctx, x.sched.next(now, false, false, false), x.sched.limit(now, false), &x.w, &x.ew); err != nil {
@@ -328,6 +335,8 @@ type sharedWait struct {
 
 	w         watch
 	ew        entryWatch
+	q         queueing // a Semaphore's waiter's place in the queue
+	queues    bool     // a Semaphore's Acquire: it registers once it must wait
 	sched     schedule // plain backoff: shared waits follow no pacing rule
 	attempts  int
 	unsure    bool      // an attempt may have applied without our seeing the reply
@@ -339,7 +348,49 @@ type sharedWait struct {
 }
 
 func (x *sharedWait) giveUp(err error) error {
+	x.c.unregister(x.q.reg)
 	return x.c.giveUp(x.ctx, x.a, x.unsure, &x.waitLog, err)
+}
+
+// join registers the wait in the key's queue (a Semaphore's waiters are
+// served in order, across permits: see takeable) and reports whether the
+// record its registration returned has room for it now.
+func (x *sharedWait) join() (ready bool, err error) {
+	c := x.c
+	r, err := c.enqueue(x.ctx, x.cl, x.a, &x.q)
+	if err == nil && x.q.reg != nil && !x.q.registered() { // answered too late: unused, remove it
+		c.unregister(x.q.reg)
+		x.q = queueing{}
+	}
+	if err != nil || !x.q.registered() {
+		return false, err
+	}
+	if err := c.view(x.cl, x.a, r, &x.ew, &x.q); err != nil {
+		return false, err
+	}
+	x.a.token = r.Token
+	return x.takeable(r), nil
+}
+
+// takeable reports whether r has room for the wait's shared hold now: as
+// record.sharable, or, registered, with a permit left for each waiter
+// ahead of it too (every waiter ahead is owed one first: awake, or
+// pending, whose number may be below its own; a Semaphore's waiters do
+// not sleep).
+func (x *sharedWait) takeable(r record) bool {
+	if !x.q.registered() {
+		return r.sharable(x.a)
+	}
+	return r.Owner == "" && len(r.Shared)+x.passing() < x.a.limit && !(r.Raw && len(r.Shared) > 0)
+}
+
+// passing is how many waiters ahead of the wait's registration it passes,
+// each owed a permit before it (attempt.passing); 0 unregistered.
+func (x *sharedWait) passing() int {
+	if x.c.cfg.hooks.flawed(flawSemaphoreOutOfOrder) {
+		return 0
+	}
+	return len(x.q.ahead)
 }
 
 // take makes the lease of the hold a has in r, its token counted from the
@@ -355,6 +406,9 @@ func (x *sharedWait) take(r record, sent time.Time) (*Lease, error) {
 	if c.cfg.hooks.flawed(flawDeadlineFromReply) {
 		sent = c.clock.Now()
 	}
+	if x.q.reg != nil { // the acquire ended the registration
+		x.q.reg.end(ErrReleased, "")
+	}
 	l, err := c.grant(x.cl, x.a, t, roleShared, sent)
 	if err == nil {
 		l.settle(x.ctx) // others join a raw record only once it is empty (record.sharable)
@@ -369,6 +423,7 @@ func (x *sharedWait) take(r record, sent time.Time) (*Lease, error) {
 func (x *sharedWait) attemptOnce(afterRead bool) (done, read bool, err error) {
 	c := x.c
 	x.attempts++
+	x.a.registered, x.a.number, x.a.passing = x.q.registered(), x.q.number(), x.passing()
 	sent := c.clock.Now()
 	r, err := c.store.acquire(x.ctx, x.a, stamp{})
 	if err == nil {
@@ -432,7 +487,12 @@ func (x *sharedWait) read() (step, error) {
 	a.token = r.Token
 	x.cl.pace.sawToken(r.Token, c.clock.Now())
 	x.sawHeld(r)
-	if x.ready = r.sharable(*a); x.ready {
+	if x.q.reg != nil {
+		if err := c.view(x.cl, *a, r, &x.ew, &x.q); err != nil {
+			return stepOn, err
+		}
+	}
+	if x.ready = x.takeable(r); x.ready {
 		return stepAgain, nil
 	}
 	x.events += c.tel.heldBy(x.ctx, a.key, r, &x.holder, maxHeldEvents-x.events)
@@ -441,11 +501,13 @@ func (x *sharedWait) read() (step, error) {
 	} else {
 		x.w.observe(r, now, -1)
 	}
-	blockers := []role{roleWaiter} // a registered writer blocks new shared holds
-	if len(r.Shared) >= a.limit {
-		blockers = append(blockers, roleShared) // and so does a full Semaphore
+	if !x.q.registered() { // registered, view watches those ahead and the holds
+		blockers := []role{roleWaiter} // a registered waiter blocks new shared holds
+		if len(r.Shared) >= a.limit {
+			blockers = append(blockers, roleShared) // and so does a full Semaphore
+		}
+		x.ew.observe(r, now, blockers...)
 	}
-	x.ew.observe(r, now, blockers...)
 	if at := x.w.takeover(now); at.rev != 0 {
 		if ok, rerr := c.store.reap(x.ctx, a.key, at, nil); rerr == nil && ok {
 			return stepAgain, nil // cleared: read again at once

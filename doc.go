@@ -72,7 +72,8 @@
 // the waiters awake (one behind eight awake may sleep, and is passed while it
 // does); a waiter with k ahead gets the key after at most 2(k+1) holds, and
 // one ahead that crashed is cleared within 2½ TTLs and a poll of its last
-// extension. Semaphore waiters and TryLock do not queue. [docs/fairness.md]
+// extension. A [Semaphore.Acquire] queues too, across permits; TryLock does
+// not. [docs/fairness.md]
 // has the queue and its bounds, [docs/design.md] the document and the proof.
 //
 // [docs/design.md]: https://github.com/dlock-go/dlock/blob/main/docs/design.md

@@ -62,13 +62,12 @@ func (s *Semaphore) Key() string { return s.key }
 func (s *Semaphore) N() int { return s.n }
 
 // Acquire blocks until it holds one of the n permits, or ctx ends, and
-// returns the permit's lease; give it back with [Lease.Release]. While all
-// permits are held it polls the server with jittered exponential backoff,
-// one read a poll, and takes a permit whose holder has stopped extending
-// it once its TTL has passed. Its waiters are not queued, across Clients
-// or within one: a freed permit goes to whichever waiter polls first, and
-// a waiter may be overtaken by later ones (unlike a [Mutex.Lock], which
-// queues first come, first served).
+// returns the permit's lease; give it back with [Lease.Release]. Waiters
+// are served first come, first served, across Clients and permits: one
+// that finds no permit for it registers in the key's queue, and takes a
+// permit only while one is left for each waiter registered before it.
+// While it waits it polls the server, one read a poll, and takes a permit
+// whose holder has stopped extending it once its TTL has passed.
 //
 // When ctx ends first, Acquire returns an error that matches ctx.Err() with
 // [errors.Is] and wraps a [*WaitError] (who held the permits when it last

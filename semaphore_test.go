@@ -245,3 +245,91 @@ func TestSharedCrashedHolder(t *testing.T) {
 		assert.NoError(t, w.Unlock(ctx))
 	})
 }
+
+// TestSemaphoreServesInOrder: a Semaphore's waiters are served first
+// come, first served, across permits and Clients. Both permits are held;
+// a, then b, then c wait (each registers); one permit is given back and
+// a takes it, though c polls too; the next goes to b, then c. A
+// TryAcquire meanwhile does not pass them.
+func TestSemaphoreServesInOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		ctx := context.Background()
+		h, _ := memClient(t, st)
+		hs := h.NewSemaphore("s", 2)
+		l1, err := hs.Acquire(ctx)
+		require.NoError(t, err)
+		l2, err := hs.Acquire(ctx)
+		require.NoError(t, err)
+		type got struct {
+			who string
+			l   *Lease
+		}
+		took := make(chan got, 3)
+		for _, who := range []string{"a", "b", "c"} {
+			c, _ := memClient(t, st)
+			go func() {
+				l, err := c.NewSemaphore("s", 2).Acquire(ctx)
+				if assert.NoError(t, err) {
+					took <- got{who, l}
+				}
+			}()
+			synctest.Wait() // registered, in this order
+		}
+		require.Len(t, holder(st, "s").Waiters, 3, "a, b and c registered")
+		try, _ := memClient(t, st)
+		require.NoError(t, l1.Release(ctx))
+		_, err = try.NewSemaphore("s", 2).TryAcquire(ctx)
+		assert.ErrorIs(t, err, ErrLocked, "a TryAcquire passed the waiters")
+		first := <-took
+		assert.Equal(t, "a", first.who)
+		require.NoError(t, l2.Release(ctx))
+		second := <-took
+		assert.Equal(t, "b", second.who)
+		require.NoError(t, first.l.Release(ctx))
+		third := <-took
+		assert.Equal(t, "c", third.who)
+		require.NoError(t, second.l.Release(ctx))
+		require.NoError(t, third.l.Release(ctx))
+	})
+}
+
+// TestSemaphoreLoopersDoNotStarveAWaiter: two Clients loop on a Semaphore
+// of 2 permits with 1 ms holds, and a third's one Acquire gets a permit
+// within a few of their turns, as the queue owes it one (it waited
+// behind them for ever when every poll raced).
+func TestSemaphoreLoopersDoNotStarveAWaiter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		ctx, cancel := context.WithCancel(context.Background())
+		var turns atomic.Int64
+		var wg sync.WaitGroup
+		for range 2 {
+			c, _ := memClient(t, st)
+			s := c.NewSemaphore("s", 2)
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					l, err := s.Acquire(ctx)
+					if err != nil {
+						return
+					}
+					turns.Add(1)
+					time.Sleep(time.Millisecond)
+					l.Release(context.Background())
+				}
+			})
+		}
+		defer wg.Wait()
+		defer cancel()
+		time.Sleep(100 * time.Millisecond) // the loop under way
+		c, _ := memClient(t, st)
+		start, before := time.Now(), turns.Load()
+		one, stop := context.WithTimeout(ctx, 10*time.Second)
+		defer stop()
+		l, err := c.NewSemaphore("s", 2).Acquire(one)
+		require.NoError(t, err, "the one Acquire, after %d turns of the loopers", turns.Load()-before)
+		t.Logf("the one Acquire took %v, after %d turns of the loopers", time.Since(start), turns.Load()-before)
+		assert.LessOrEqual(t, turns.Load()-before, int64(4), "turns of the loopers before the one Acquire")
+		require.NoError(t, l.Release(ctx))
+	})
+}

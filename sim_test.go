@@ -8,6 +8,8 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -706,6 +708,7 @@ func (k *simChecker) queueOrder(key string, before, after record) {
 		}
 		k.mu.Unlock()
 	}
+	k.permitOrder(key, q, before, after)
 	for w := range q { // those that left, or registered again
 		if e, ok := after.Waiters[w]; !ok || e.Q != before.Waiters[w].Q {
 			delete(q, w)
@@ -721,6 +724,37 @@ func (k *simChecker) queueOrder(key string, before, after record) {
 				ahead[o] = true
 			}
 			q[w] = ahead
+		}
+	}
+}
+
+// permitOrder checks one write to a Semaphore's key (see queueOrder, whose
+// queue q is), for permits out of order: every new permit goes to a Client
+// that waited unregistered while nobody was registered, or to a
+// registered waiter with a permit left, beside the ones held, for each
+// waiter registered before it and still registered, awake (a pending
+// registration, which may not be numbered yet, aside).
+func (k *simChecker) permitOrder(key string, q map[string]map[string]bool, before, after record) {
+	n, err := strconv.Atoi(strings.TrimPrefix(after.Kind, "sem/"))
+	if err != nil || !strings.HasPrefix(after.Kind, "sem/") {
+		return
+	}
+	for hk := range after.Shared {
+		if _, old := before.Shared[hk]; old {
+			continue
+		}
+		ahead, registered := q[hk]
+		owed := 0
+		for w := range ahead {
+			if e, ok := before.Waiters[w]; ok && !e.Sleep {
+				owed++
+			}
+		}
+		if !registered && len(before.Waiters) > 0 || registered && len(before.Shared)+owed >= n {
+			k.mu.Lock()
+			k.fail("a permit of %q went to %s out of order: %d held of %d, %d waiters owed one first, registered %v",
+				key, hk, len(before.Shared), n, owed, registered)
+			k.mu.Unlock()
 		}
 	}
 }
@@ -1394,6 +1428,7 @@ func TestSimulationCatchesFlaws(t *testing.T) {
 		{"permits cleared without waiting out their TTL (Semaphore)", flawReapLive, nil, MaxClockDrift, simSem, 3000, nil},
 		{"shared deadline counted from the reply (RWMutex)", flawDeadlineFromReply, nil, MaxClockDrift, simRW, 3000, nil},
 		{"waiters jump the queue", flawQueueJump, nil, MaxClockDrift, simMutex, 100, nil},
+		{"a Semaphore serves out of order", flawSemaphoreOutOfOrder, nil, MaxClockDrift, simSem, 3000, nil},
 		{"an Unlock keeps the key turn after turn", flawKeepAlways, nil, MaxClockDrift, simMutex, 3000, calm},
 		{"a claim passes waiters it saw asleep without the server checking", flawPassAsSeen, nil, MaxClockDrift, simMutex, 5000, dozy},
 	} {

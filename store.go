@@ -98,7 +98,7 @@ func (r record) queueOpen(a attempt) bool {
 	case !a.registered:
 		return len(r.Waiters) == 0
 	}
-	if e, ok := r.Waiters[a.holdKey()]; !ok || e.Hold != a.hold {
+	if e, ok := r.Waiters[a.holdKey()]; !ok || e.Hold != a.hold || e.Q != a.number {
 		return false
 	}
 	for hk, q := range a.ahead {
@@ -301,6 +301,10 @@ type attempt struct {
 	shared bool
 	limit  int   // shared holds allowed at once
 	token  Token // the key's token counter as last seen: a shared acquire is a compare-and-set on it
+	// passing: a Semaphore's registered waiter passes this many waiters
+	// ahead of it, awake as seen (those not in ahead), each owed a permit
+	// before it: it takes one only while fewer than limit-passing are held.
+	passing int
 
 	// An exclusive hold of a registered waiter: the registration ends
 	// with the acquire, which may take the key only once each waiter
@@ -310,6 +314,7 @@ type attempt struct {
 	// waiter is registered. pastQueue lets it pass the queue: a keep's
 	// own handoff (keep.go), and the flaws that ignore the queue.
 	registered bool
+	number     int64            // registered: its own queue number, which the gate names (a stale attempt does not apply under a later registration of its hold id)
 	ahead      map[string]int64 // by hold key: the queue number seen, which a pass names
 	pastQueue  bool
 
@@ -351,7 +356,11 @@ type store interface {
 	// awake (see attempt), free or still in state takeover (the zero stamp for
 	// none). A shared attempt (a.shared) instead adds a shared
 	// hold, with token a.token+1, if the record is absent, or of a's kind
-	// with its counter still at a.token and room for it (record.sharable).
+	// with its counter still at a.token and room for it (record.sharable):
+	// unregistered, with no waiter registered; registered (a Semaphore's
+	// waiter), its registration still there, each waiter of a.ahead gone
+	// or asleep as seen, and fewer than limit-passing shared holds, and
+	// its registration then ends.
 	// It returns the record written, or errHeld; errHeld also when the
 	// record is of another kind.
 	acquire(ctx context.Context, a attempt, takeover stamp) (record, error)

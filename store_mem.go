@@ -102,8 +102,11 @@ func (s *memStore) take(a attempt, takeover stamp) (record, error) {
 	}
 	if a.shared {
 		hk := a.holdKey()
-		if exists && (r.Owner != "" || len(r.Shared) >= a.limit || len(r.Waiters) > 0 || r.Token != a.token || r.Raw && len(r.Shared) > 0) {
+		if !exists && a.registered || exists && (r.Owner != "" || len(r.Shared)+a.passing >= a.limit || !r.queueOpen(a) || r.Token != a.token || r.Raw && len(r.Shared) > 0) {
 			return record{}, errHeld
+		}
+		if a.registered {
+			delete(r.Waiters, hk)
 		}
 		r.Token = a.token + 1
 		if r.Shared == nil {

@@ -519,7 +519,7 @@ func queueGate(a attempt) bson.D {
 	case !a.registered:
 		return bson.D{{Key: fW, Value: emptyOrNone}}
 	}
-	gate := bson.D{{Key: path(fW, a.holdKey()), Value: bson.D{{Key: "$exists", Value: true}}}}
+	gate := bson.D{{Key: path(fW, a.holdKey()), Value: queueNumber(a.number)}}
 	var passed bson.A
 	for _, hk := range slices.Sorted(maps.Keys(a.ahead)) {
 		gone := bson.D{{Key: path(fW, hk), Value: bson.D{{Key: "$exists", Value: false}}}}
@@ -577,10 +577,10 @@ func (s *mongoStore) acquireShared(ctx context.Context, a attempt) (record, erro
 	filter := bson.D{
 		{Key: "_id", Value: a.key}, {Key: fKind, Value: a.kind}, {Key: fOwner, Value: ""},
 		{Key: fToken, Value: int64(a.token)},
-		{Key: fN, Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gte", Value: a.limit}}}}},
-		{Key: fW, Value: emptyOrNone},
+		{Key: fN, Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gte", Value: a.limit - a.passing}}}}},
 		{Key: "$or", Value: bson.A{bson.D{{Key: fRaw, Value: bson.D{{Key: "$exists", Value: false}}}}, bson.D{{Key: fN, Value: notPositive}}}},
 	}
+	filter = append(filter, queueGate(a)...)
 	t := int64(a.token) + 1
 	e := entryDoc{Owner: a.owner, Hold: a.hold, Token: t, TTL: ttlMillis(a.ttl), Data: a.data}
 	if a.trace.valid() {
@@ -593,7 +593,15 @@ func (s *mongoStore) acquireShared(ctx context.Context, a attempt) (record, erro
 		{Key: "$currentDate", Value: bson.D{{Key: fAt, Value: true}}},
 		{Key: "$setOnInsert", Value: bson.D{{Key: fRaw, Value: true}}},
 	}
-	return s.upsert(ctx, a.key, filter, update)
+	if !a.registered {
+		return s.upsert(ctx, a.key, filter, update)
+	}
+	update = append(update[:len(update)-1], bson.E{Key: "$unset", Value: bson.D{{Key: path(fW, a.holdKey()), Value: ""}, {Key: path(fSleep, a.holdKey()), Value: ""}}})
+	r, err := s.modify(ctx, filter, update, "acquire", a.key) // registered: the record exists (see acquire)
+	if errors.Is(err, errNotOwner) {
+		err = errHeld
+	}
+	return r, err
 }
 
 // register makes a's registration in two writes, so that no other can

@@ -189,7 +189,7 @@ func firstWaiter(key string) leaseRef {
 }
 
 func second(key string, q int64) attempt {
-	return attempt{key: key, owner: "o6", hold: 3, ttl: time.Second, registered: true, ahead: map[string]int64{holdKey("o2", 9): q}}
+	return attempt{key: key, owner: "o6", hold: 3, ttl: time.Second, registered: true, number: 2, ahead: map[string]int64{holdKey("o2", 9): q}}
 }
 
 // old names the hold of the state "held", which wrote its base: in the

@@ -310,7 +310,7 @@ func (x *exclusiveWait) join() (step, error) {
 func (x *exclusiveWait) attemptOnce() (s step, read bool, err error) {
 	c := x.c
 	x.attempts++
-	x.a.registered, x.a.ahead = x.q.registered(), x.q.ahead
+	x.a.registered, x.a.number, x.a.ahead = x.q.registered(), x.q.number(), x.q.ahead
 	x.a.spare = x.a.registered && x.spares
 	sent := c.clock.Now()
 	r, err := c.store.acquire(x.ctx, x.a, x.w.takeover(sent))
@@ -528,6 +528,14 @@ type queueing struct {
 // registered reports whether the wait is registered, as far as it knows.
 func (q *queueing) registered() bool { return q.reg != nil && q.reg.Err() == nil }
 
+// number is the wait's queue number (its registration's token), or 0.
+func (q *queueing) number() int64 {
+	if q.reg == nil {
+		return 0
+	}
+	return int64(q.reg.token)
+}
+
 // asleep reports whether the wait's registration is marked asleep.
 func (q *queueing) asleep() bool { return q.registered() && q.sleep }
 
@@ -550,7 +558,7 @@ func (q *queueing) head() bool { return !q.registered() || !q.sleep && q.awake =
 func (c *Client) enqueue(ctx context.Context, cl claim, a attempt, q *queueing) (record, error) {
 	rc := cl.cfg.registrations()
 	a.ttl = rc.ttl
-	a.sleep = cl.pace.sleepy(c.pacer)
+	a.sleep = !a.shared && cl.pace.sleepy(c.pacer) // a Semaphore's waiters do not sleep
 	sent := c.clock.Now()
 	r, err := c.store.register(ctx, a)
 	switch {
