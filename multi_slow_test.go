@@ -38,7 +38,7 @@ func TestMultiMutexSlowBulkWrites(t *testing.T) {
 		// Each write answered within about 2.5 s, under -race on a busy
 		// machine; the three take 6 s and more.
 		{"each write in time, not all", 6 * time.Second, 2 * time.Second, 130, 3}, // 64, 64, 2
-		{"every write late", time.Second, 1200 * time.Millisecond, 20, 4},                 // 20, 10, 5, 2
+		{"every write late", time.Second, 1200 * time.Millisecond, 20, 4},         // 20, 10, 5, 2
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var bulks atomic.Int64
