@@ -279,10 +279,16 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 	var ready bool
 	x.a.token, ready = cl.pace.token()
 	x.ew.reapLive = c.cfg.hooks.flawed(flawReapLive)
+	fresh := false // the registration's reply is as good as a read: wait for the poll
+	if x.queues && x.sched.contended(c.clock.Now()) {
+		ready, _ = x.join() // its last wait was lately: register at once, as a Lock does
+		fresh = x.q.registered()
+	}
 	afterRead := false
 	for {
 		var err error
-		read := !ready
+		read := !ready && !fresh
+		fresh = false
 		if ready {
 			var done bool
 			if done, read, err = x.attemptOnce(afterRead); done {
@@ -317,7 +323,10 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 			x.lastErr = cmp.Or(err, x.lastErr)
 		}
 		now := c.clock.Now()
-		if err := c.waitPoll(ctx, x.sched.next(now, false, false, false), x.sched.limit(now, false), &x.w, &x.ew); err != nil {
+		// A registered waiter is paced as an exclusive one (rulePeriod): one
+		// of the first n (a permit would be its) as the head is.
+		registered := x.q.registered()
+		if err := c.waitPoll(ctx, x.sched.next(now, registered, registered && x.place() == 0, false), x.sched.limit(now, false), &x.w, &x.ew); err != nil {
 			return nil, x.attempts, x.giveUp(err)
 		}
 	}
@@ -368,6 +377,7 @@ func (x *sharedWait) join() (ready bool, err error) {
 	if err := c.view(x.cl, x.a, r, &x.ew, &x.q); err != nil {
 		return false, err
 	}
+	x.sched.saw(r, c.clock.Now(), c.clock.Now(), true, x.place(), true)
 	x.a.token = r.Token
 	return x.takeable(r), nil
 }
@@ -383,6 +393,11 @@ func (x *sharedWait) takeable(r record) bool {
 	}
 	return r.Owner == "" && len(r.Shared)+x.passing() < x.a.limit && !(r.Raw && len(r.Shared) > 0)
 }
+
+// place is how many permits must change hands before one is the wait's,
+// as a registered exclusive waiter's place counts the waiters ahead of
+// it (schedule.saw): 0 among the first n.
+func (x *sharedWait) place() int { return max(len(x.q.ahead)-x.a.limit+1, 0) }
 
 // passing is how many waiters ahead of the wait's registration it passes,
 // each owed a permit before it (attempt.passing); 0 unregistered.
@@ -491,6 +506,7 @@ func (x *sharedWait) read() (step, error) {
 		if err := c.view(x.cl, *a, r, &x.ew, &x.q); err != nil {
 			return stepOn, err
 		}
+		x.sched.saw(r, now, now, x.q.registered(), x.place(), true)
 	}
 	if x.ready = x.takeable(r); x.ready {
 		return stepAgain, nil

@@ -660,7 +660,9 @@ type simChecker struct {
 // registered before it has gone or is asleep). A
 // waiter whose entry is written again with a new queue number (its
 // registration was lost, and it registered again) counts as registered
-// anew, behind everyone there. A kept hold (keep.go) is no new hold of the
+// anew, behind everyone there; one pending (numbered 0: store.register)
+// is registered from that first write, whose order its number keeps. A
+// kept hold (keep.go) is no new hold of the
 // record: it writes nothing (acquire checks that each hold of the record
 // serves at most two Locks).
 func (k *simChecker) queueOrder(key string, before, after record) {
@@ -709,8 +711,8 @@ func (k *simChecker) queueOrder(key string, before, after record) {
 		k.mu.Unlock()
 	}
 	k.permitOrder(key, q, before, after)
-	for w := range q { // those that left, or registered again
-		if e, ok := after.Waiters[w]; !ok || e.Q != before.Waiters[w].Q {
+	for w := range q { // those that left, or registered again (not a pending registration numbered: store.register)
+		if e, ok := after.Waiters[w]; !ok || e.Q != before.Waiters[w].Q && before.Waiters[w].Q != 0 {
 			delete(q, w)
 			for _, ahead := range q {
 				delete(ahead, w)
