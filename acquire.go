@@ -264,8 +264,14 @@ func kindError(key, want, got string) error {
 // An uncontended shared acquire whose counter the primitive knows is one
 // command; the first of a primitive, two (a read, then the acquire).
 //
+// A Semaphore's Acquire that must wait registers in the key's queue
+// (join), at once when its primitive waited lately, and takes a permit
+// only while one is left for each waiter ahead of it (takeable); a
+// registered waiter is paced as an exclusive one, by its place. An
+// RLock does not register: a registered writer keeps it out.
+//
 // A read that shows a hold of this very call (an attempt whose reply was
-// lost) takes it. Holds and writers' registrations that block the call and
+// lost) takes it. Holds and registrations that block the call and
 // whose owners stopped extending them are cleared by their epochs, and a
 // document whose revision stood still for a TTL is cleared whole (every
 // hold in it has ended), both by writes conditional on what was read.
