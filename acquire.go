@@ -331,8 +331,9 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 		now := c.clock.Now()
 		// A registered waiter is paced as an exclusive one (rulePeriod): one
 		// of the first n (a permit would be its) as the head is.
-		registered := x.q.registered()
-		if err := c.waitPoll(ctx, x.sched.next(now, registered, registered && x.place() == 0, false), x.sched.limit(now, false), &x.w, &x.ew); err != nil {
+		registered, asleep := x.q.registered(), x.q.asleep()
+		head := registered && !asleep && x.place() == 0
+		if err := c.waitPoll(ctx, x.sched.next(now, registered, head, asleep), x.sched.limit(now, asleep), &x.w, &x.ew); err != nil {
 			return nil, x.attempts, x.giveUp(err)
 		}
 	}
@@ -350,7 +351,8 @@ type sharedWait struct {
 
 	w         watch
 	ew        entryWatch
-	q         queueing // a Semaphore's waiter's place in the queue
+	q         queueing         // a Semaphore's waiter's place in the queue
+	asleep    map[string]int64 // the waiters ahead of it seen asleep, by hold key: their queue numbers (takeable)
 	queues    bool     // a Semaphore's Acquire: it registers once it must wait
 	sched     schedule // plain backoff: shared waits follow no pacing rule
 	attempts  int
@@ -383,36 +385,55 @@ func (x *sharedWait) join() (ready bool, err error) {
 	if err := c.view(x.cl, x.a, r, &x.ew, &x.q); err != nil {
 		return false, err
 	}
-	x.sched.saw(r, c.clock.Now(), c.clock.Now(), true, x.place(), true)
+	if err := x.remark(&r); err != nil || !x.q.registered() {
+		return false, err
+	}
+	x.sched.saw(r, c.clock.Now(), c.clock.Now(), true, x.turns(), true)
 	x.a.token = r.Token
 	return x.takeable(r), nil
 }
 
 // takeable reports whether r has room for the wait's shared hold now: as
-// record.sharable, or, registered, with a permit left for each waiter
-// ahead of it too (every waiter ahead is owed one first: awake, or
-// pending, whose number may be below its own; a Semaphore's waiters do
-// not sleep).
+// record.sharable, or, registered and awake, with a permit left for each
+// waiter ahead of it that is awake, or pending (its number may be below
+// its own), each owed one first. It notes the waiters ahead it saw
+// asleep, which its attempt passes only while they still are (x.asleep).
 func (x *sharedWait) takeable(r record) bool {
 	if !x.q.registered() {
 		return r.sharable(x.a)
 	}
-	return r.Owner == "" && len(r.Shared)+x.passing() < x.a.limit && !(r.Raw && len(r.Shared) > 0)
+	x.asleep = map[string]int64{}
+	for hk, q := range x.q.ahead {
+		if e := r.Waiters[hk]; e.Sleep && q != 0 && !x.c.cfg.hooks.flawed(flawSemaphoreOutOfOrder) {
+			x.asleep[hk] = q
+		}
+	}
+	return !x.q.sleep && r.Owner == "" && len(r.Shared)+x.passing() < x.a.limit && !(r.Raw && len(r.Shared) > 0)
 }
 
 // place is how many permits must change hands before one is the wait's,
-// as a registered exclusive waiter's place counts the waiters ahead of
-// it (schedule.saw): 0 among the first n.
-func (x *sharedWait) place() int { return max(len(x.q.ahead)-x.a.limit+1, 0) }
+// as a registered exclusive waiter's place counts the awake waiters ahead
+// of it (schedule.saw): 0 among the first n.
+func (x *sharedWait) place() int { return max(x.q.awake-x.a.limit+1, 0) }
 
-// passing is how many waiters ahead of the wait's registration it passes,
-// each owed a permit before it (attempt.passing); 0 unregistered.
+// passing is how many waiters ahead of the wait's registration it passes
+// awake, each owed a permit before it (attempt.passing).
 func (x *sharedWait) passing() int {
 	if x.c.cfg.hooks.flawed(flawSemaphoreOutOfOrder) {
 		return 0
 	}
-	return len(x.q.ahead)
+	return x.q.awake
 }
+
+// remark marks the wait's registration asleep or awake by its place, as
+// an exclusive waiter's (byPlace), counting its places past the first n.
+func (x *sharedWait) remark(r *record) error {
+	return x.c.remark(x.ctx, x.cl, x.a, r, &x.q, &x.ew, x.turns(), x.place())
+}
+
+// turns is how many waiters ahead of the wait, asleep or awake, are past
+// the first n: each holds a permit before it, once awake.
+func (x *sharedWait) turns() int { return max(len(x.q.ahead)-x.a.limit+1, 0) }
 
 // take makes the lease of the hold a has in r, its token counted from the
 // floor if r is raw.
@@ -444,7 +465,7 @@ func (x *sharedWait) take(r record, sent time.Time) (*Lease, error) {
 func (x *sharedWait) attemptOnce(afterRead bool) (done, read bool, err error) {
 	c := x.c
 	x.attempts++
-	x.a.registered, x.a.number, x.a.passing = x.q.registered(), x.q.number(), x.passing()
+	x.a.registered, x.a.number, x.a.passing, x.a.ahead = x.q.registered(), x.q.number(), x.passing(), x.asleep
 	sent := c.clock.Now()
 	r, err := c.store.acquire(x.ctx, x.a, stamp{})
 	if err == nil {
@@ -512,7 +533,10 @@ func (x *sharedWait) read() (step, error) {
 		if err := c.view(x.cl, *a, r, &x.ew, &x.q); err != nil {
 			return stepOn, err
 		}
-		x.sched.saw(r, now, now, x.q.registered(), x.place(), true)
+		if err := x.remark(&r); err != nil {
+			return stepOn, err
+		}
+		x.sched.saw(r, now, now, x.q.registered(), x.turns(), true)
 	}
 	if x.ready = x.takeable(r); x.ready {
 		return stepAgain, nil

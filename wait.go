@@ -436,24 +436,30 @@ func (x *exclusiveWait) read() (step, error) {
 // with the record the write returned. A registration found gone was
 // cleared: the wait registers again.
 func (x *exclusiveWait) remark(r *record) error {
-	if !x.q.registered() {
+	return x.c.remark(x.ctx, x.cl, x.a, r, &x.q, &x.ew, len(x.q.ahead), x.q.awake)
+}
+
+// remark is exclusiveWait.remark for the wait of a in q, whose place
+// counts ahead waiters ahead, awake of them awake.
+func (c *Client) remark(ctx context.Context, cl claim, a attempt, r *record, q *queueing, ew *entryWatch, ahead, awake int) error {
+	if !q.registered() {
 		return nil
 	}
-	sleep, change := x.c.pacer.doze(len(x.q.ahead), x.q.awake, x.q.sleep)
-	if !change || sleep == x.q.sleep {
+	sleep, change := c.pacer.doze(ahead, awake, q.sleep)
+	if !change || sleep == q.sleep {
 		return nil
 	}
-	marked, err := x.c.store.mark(x.ctx, x.q.reg.ref(), sleep)
+	marked, err := c.store.mark(ctx, q.reg.ref(), sleep)
 	switch {
 	case errors.Is(err, errNotOwner):
-		x.q.reg.end(ErrReleased, "") // cleared already: nothing to remove
-		x.q = queueing{}
+		q.reg.end(ErrReleased, "") // cleared already: nothing to remove
+		*q = queueing{}
 		return nil
 	case err != nil:
 		return err
 	}
 	*r = marked
-	return x.c.view(x.cl, x.a, marked, &x.ew, &x.q)
+	return c.view(cl, a, marked, ew, q)
 }
 
 // saw tells the pacing what the record r, returned by a command sent at
