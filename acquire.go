@@ -353,8 +353,8 @@ type sharedWait struct {
 	ew        entryWatch
 	q         queueing         // a Semaphore's waiter's place in the queue
 	asleep    map[string]int64 // the waiters ahead of it seen asleep, by hold key: their queue numbers (takeable)
-	queues    bool     // a Semaphore's Acquire: it registers once it must wait
-	sched     schedule // plain backoff: shared waits follow no pacing rule
+	queues    bool             // a Semaphore's Acquire: it registers once it must wait
+	sched     schedule         // plain backoff and the age rule; a Semaphore's registered waiter is paced by its place too
 	attempts  int
 	unsure    bool      // an attempt may have applied without our seeing the reply
 	firstSent time.Time // when the first attempt whose outcome is unknown was sent
