@@ -626,7 +626,7 @@ func (s *mongoStore) register(ctx context.Context, a attempt) (record, error) {
 		return record{}, err
 	}
 	a.queue = first.Queue - 1
-	update = bson.D{{Key: "$set", Value: s.registration(a)[1:]}} // the entry, and its mark if asleep; the counter is there
+	update = bson.D{{Key: "$set", Value: s.entrySet(a)}} // the counter is there already
 	if !a.sleep {
 		update = append(update, bson.E{Key: "$unset", Value: bson.D{{Key: path(fSleep, hk), Value: ""}}})
 	}
@@ -775,8 +775,14 @@ func queueAtMost(q int64) bson.E {
 // registration is the $set of a's registration with queue number
 // a.queue+1, which also becomes the queue counter.
 func (s *mongoStore) registration(a attempt) bson.D {
+	return append(bson.D{{Key: fQueue, Value: a.queue + 1}}, s.entrySet(a)...)
+}
+
+// entrySet is the $set of a's entry with queue number a.queue+1, and of its
+// mark if a.sleep.
+func (s *mongoStore) entrySet(a attempt) bson.D {
 	q := a.queue + 1
-	set := bson.D{{Key: fQueue, Value: q}, {Key: path(fW, a.holdKey()), Value: waiterValue(q, a.ttl, s.epoch())}}
+	set := bson.D{{Key: path(fW, a.holdKey()), Value: waiterValue(q, a.ttl, s.epoch())}}
 	if a.sleep {
 		set = append(set, bson.E{Key: path(fSleep, a.holdKey()), Value: q})
 	}
