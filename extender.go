@@ -206,7 +206,10 @@ func (e *extender) apply(r extendResult) {
 	now := e.c.clock.Now()
 	for i, l := range r.batch {
 		switch {
-		case l.ended() != nil || l.returning():
+		case l.ended() != nil || l.returning() && !e.c.cfg.hooks.flawed(flawExtendReleasing):
+			// flawExtendReleasing applies the reply to a lease being
+			// released, as the old order did: left unapplied, the lease
+			// stays due, and the extender would send again at once.
 		case r.err != nil:
 			l.failed(now, r.err)
 		case r.ok[i] && e.c.cfg.hooks.flawed(flawDeadlineFromReply):
