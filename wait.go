@@ -564,7 +564,7 @@ func (q *queueing) head() bool { return !q.registered() || !q.sleep && q.awake =
 func (c *Client) enqueue(ctx context.Context, cl claim, a attempt, q *queueing) (record, error) {
 	rc := cl.cfg.registrations()
 	a.ttl = rc.ttl
-	a.sleep = !a.shared && cl.pace.sleepy(c.pacer) // a Semaphore's waiters do not sleep
+	a.sleep = !a.shared && cl.pace.sleepy(c.pacer) // a Semaphore's waiter registers awake, and marks itself by its place past the first n (sharedWait.remark)
 	sent := c.clock.Now()
 	r, err := c.store.register(ctx, a)
 	switch {
