@@ -192,17 +192,7 @@ func (c *Client) grant(cl claim, a attempt, t Token, ro role, sent time.Time) (*
 // schedule.limit). These caps, not the pacing, keep the liveness bounds
 // (pacer.go). It returns ctx's error or ErrClosed when those come first.
 func (c *Client) waitPoll(ctx context.Context, d, limit time.Duration, w *watch, ew *entryWatch) error {
-	now := c.clock.Now()
-	// Wake when a watch comes due, not again and again once it is: an
-	// attempt that could not act on it (the server out of reach) waits for
-	// the poll, rather than spinning.
-	if due := w.wait(now); w.rev != 0 && due > 0 {
-		d = min(d, due)
-	}
-	if due := ew.wait(now); due > 0 {
-		d = min(d, due)
-	}
-	t := c.clock.NewTimer(min(d, limit))
+	t := c.clock.NewTimer(pollFor(c.clock.Now(), d, limit, w, ew))
 	select {
 	case <-t.C:
 		return nil
@@ -213,6 +203,21 @@ func (c *Client) waitPoll(ctx context.Context, d, limit time.Duration, w *watch,
 		t.Stop()
 		return ErrClosed
 	}
+}
+
+// pollFor is how long a wait sleeps at now before its next poll (waitPoll,
+// waitView): d, or less when a watch is due sooner, never longer than
+// limit. It wakes when a watch comes due, not again and again once it is:
+// an attempt that could not act on it (the server out of reach) waits for
+// the poll, rather than spinning.
+func pollFor(now time.Time, d, limit time.Duration, w *watch, ew *entryWatch) time.Duration {
+	if due := w.wait(now); w.rev != 0 && due > 0 {
+		d = min(d, due)
+	}
+	if due := ew.wait(now); due > 0 {
+		d = min(d, due)
+	}
+	return min(d, limit)
 }
 
 // giveUp is how an acquisition that gives up with err ends: the attempt a
@@ -333,7 +338,13 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 		// of the first n (a permit would be its) as the head is.
 		registered, asleep := x.q.registered(), x.q.asleep()
 		head := registered && !asleep && x.place() == 0
-		if err := c.waitPoll(ctx, x.sched.next(now, registered, head, asleep), x.sched.limit(now, asleep), &x.w, &x.ew); err != nil {
+		d, limit := x.sched.next(now, registered, head, asleep), x.sched.limit(now, asleep)
+		if c.watches(d, cl.cfg) {
+			x.view, err = c.waitView(ctx, x.a.key, d, limit, &x.w, &x.ew)
+		} else {
+			err = c.waitPoll(ctx, d, limit, &x.w, &x.ew)
+		}
+		if err != nil {
 			return nil, x.attempts, x.giveUp(err)
 		}
 	}
@@ -352,6 +363,7 @@ type sharedWait struct {
 	w         watch
 	ew        entryWatch
 	q         queueing         // a Semaphore's waiter's place in the queue
+	view      *view            // a view of the key that the watcher gave the wait as it slept: the next round's read
 	asleep    map[string]int64 // the waiters ahead of it seen asleep, by hold key: their queue numbers (takeable)
 	queues    bool             // a Semaphore's Acquire: it registers once it must wait
 	sched     schedule         // plain backoff and the age rule; a Semaphore's registered waiter is paced by its place too
@@ -505,7 +517,13 @@ func (x *sharedWait) forget() {
 // (x.ready) or when it cleared what blocked the wait.
 func (x *sharedWait) read() (step, error) {
 	c, a := x.c, &x.a
-	r, err := c.store.read(x.ctx, a.key)
+	var r record
+	var err error
+	if v := x.view; v != nil { // read by a round of the watcher
+		x.view, r = nil, v.r
+	} else {
+		r, err = c.store.read(x.ctx, a.key)
+	}
 	now := c.clock.Now()
 	switch {
 	case err != nil:

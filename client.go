@@ -59,6 +59,8 @@ type Client struct {
 	pacer   pacer // rulesPacer, but for tests' hooks
 	tel     *telemetry
 	ext     *extender
+	watcher watcher      // the keys the waits want a view of (watcher.go)
+	source  viewSource   // where the watcher's rounds read them: pollSource
 	holdIDs atomic.Int64 // the last hold id handed out (see attempt)
 
 	mu        sync.Mutex
@@ -174,6 +176,7 @@ func newClientOn(newStore func(*telemetry) store, opts ...Option) (*Client, erro
 			c.store = h.wrap(c.store)
 		}
 	}
+	c.source = pollSource{c.store}
 	if !cfg.serverClock {
 		c.serverClock.markUnsupported()
 	}

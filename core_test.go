@@ -126,6 +126,11 @@ func (h *hooked) abandon(ctx context.Context, a attempt) error {
 	return h.run(ctx, "abandon", func() error { return h.store.abandon(ctx, a) })
 }
 
+func (h *hooked) readMany(ctx context.Context, keys []string) (rs []record, err error) {
+	err = h.run(ctx, "readMany", func() (err error) { rs, err = h.store.readMany(ctx, keys); return err })
+	return rs, err
+}
+
 func (h *hooked) read(ctx context.Context, key string) (r record, err error) {
 	err = h.run(ctx, "read", func() (err error) { r, err = h.store.read(ctx, key); return err })
 	return r, err

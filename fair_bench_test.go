@@ -501,6 +501,13 @@ func (s *countingStore) register(ctx context.Context, a attempt) (record, error)
 	return r, err
 }
 
+func (s *countingStore) readMany(ctx context.Context, keys []string) ([]record, error) {
+	sent := time.Now()
+	rs, err := s.store.readMany(ctx, keys)
+	s.n.took("read-many", time.Since(sent))
+	return rs, err
+}
+
 func (s *countingStore) read(ctx context.Context, key string) (record, error) {
 	sent := time.Now()
 	r, err := s.store.read(ctx, key)

@@ -32,4 +32,5 @@ const (
 	flawKeepAlways                // an Unlock under contention keeps its hold even when its Lock took a kept one (then with no spare token, so the next Lock takes it by a handoff write past the queue): a Client takes every turn in a row
 	flawMultiCallerOrder          // a MultiMutex locks its keys in the caller's order, not sorted: two of them can wait for each other in a cycle
 	flawSemaphoreOutOfOrder       // a Semaphore's registered waiter takes a permit whenever one is free, passing the waiters ahead of it
+	flawViewOfOtherKey            // the watcher hands each wait of a round the view of another key of that round
 )

@@ -54,6 +54,7 @@ const (
 	rulePeriod                    // registered waits poll at fractions of how often the key changes hands (schedule.next)
 	ruleSleep                     // a waiter far back marks its registration asleep and sleeps by its place (byPlace)
 	ruleAge                       // an awake wait reads as often as the hold it waits behind is young (schedule.age)
+	ruleWatch                     // a wait that sleeps long shares its reads with the Client's other waits (watcher.go)
 )
 
 // rulesPacer is dlock's pacer: every rule, each sleep as the rules propose.

@@ -130,4 +130,4 @@ type namedRule struct {
 }
 
 // namedRules are the rules the benchmarks price by switching each off.
-var namedRules = []namedRule{{"keep", ruleKeep}, {"requeue", ruleRequeue}, {"turn-plan", ruleTurnPlan}, {"head-plan", ruleHeadPlan}, {"period", rulePeriod}, {"sleep", ruleSleep}, {"age", ruleAge}}
+var namedRules = []namedRule{{"keep", ruleKeep}, {"requeue", ruleRequeue}, {"turn-plan", ruleTurnPlan}, {"head-plan", ruleHeadPlan}, {"period", rulePeriod}, {"sleep", ruleSleep}, {"age", ruleAge}, {"watch", ruleWatch}}

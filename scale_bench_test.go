@@ -388,6 +388,12 @@ func (l *scaleLink) reap(ctx context.Context, key string, at stamp, stale []stal
 	return l.st.reap(ctx, key, at, stale)
 }
 
+func (l *scaleLink) readMany(ctx context.Context, keys []string) ([]record, error) {
+	l.send(opRead)
+	defer l.back()
+	return l.st.readMany(ctx, keys)
+}
+
 func (l *scaleLink) read(ctx context.Context, key string) (record, error) {
 	l.send(opRead)
 	defer l.back()

@@ -293,6 +293,18 @@ func simMultiLocked(k *multiChecker, c *Client, id int, lk locker, keys []string
 
 // runMultiSim runs plan with flaw f; it returns the first violation, or "".
 func runMultiSim(t *testing.T, plan multiSimPlan, f flaw) (failure string, holds int) {
+	failure, stats := runMultiSimStats(t, plan, f)
+	return failure, stats.holds
+}
+
+// multiSimStats is what a run of the multi-key simulation did.
+type multiSimStats struct {
+	holds          int // holds of a key
+	rounds, shared int // the watchers' rounds, and those that read more than one key
+}
+
+// runMultiSimStats is runMultiSim, with what the run did.
+func runMultiSimStats(t *testing.T, plan multiSimPlan, f flaw) (failure string, stats multiSimStats) {
 	synctest.Test(t, func(t *testing.T) {
 		k := &multiChecker{
 			simChecker: &simChecker{life: map[string]chan struct{}{}, mode: simMutex, releasing: map[Token]time.Time{}, lastWrite: map[string]time.Time{}, queue: map[string]map[string]map[string]bool{}},
@@ -306,7 +318,7 @@ func runMultiSim(t *testing.T, plan multiSimPlan, f flaw) (failure string, holds
 		var clients []*Client
 		var closers []func()
 		for id, cp := range plan.clients {
-			link := &simLink{st: st, faults: cp.faults, k: k.simChecker, net: &network, name: fmt.Sprint("client-", id), cuts: cp.cuts, t0: start}
+			link := &simLink{st: st, faults: cp.faults, k: k.simChecker, net: &network, name: fmt.Sprint("client-", id), cuts: cp.cuts, t0: start, stale: cp.stale}
 			c, err := newClientOn(func(*telemetry) store { return &multiSimLink{link, k} },
 				WithTTL(simClientTTL), withClock(newSkewedClock(cp.offset, cp.rate)), withFlaw(f), WithOwner(fmt.Sprint("client-", id)), withPacer(cmp.Or[pacer](plan.pacer, rulesPacer{})))
 			if err != nil {
@@ -334,10 +346,10 @@ func runMultiSim(t *testing.T, plan multiSimPlan, f flaw) (failure string, holds
 		stop()
 		simMultiProbe(k, st)
 		k.mu.Lock()
-		failure, holds = k.failure, k.simChecker.acquired
+		failure, stats = k.failure, multiSimStats{k.simChecker.acquired, k.rounds, k.shared}
 		k.mu.Unlock()
 	})
-	return failure, holds
+	return failure, stats
 }
 
 // simClose closes c, waiting at most a TTL for its writes (its link may
@@ -449,16 +461,18 @@ func simMultiProbe(k *multiChecker, st *memStore) {
 // TestSimulationMulti: the properties hold for MultiMutexes (and Mutexes)
 // locking overlapping sets of keys under every fault of the simulation.
 func TestSimulationMulti(t *testing.T) {
-	start, runs, holds := time.Now(), 0, 0
+	start, runs := time.Now(), 0
+	var sum multiSimStats
 	rapid.Check(t, func(rt *rapid.T) {
 		runs++
-		failure, n := runMultiSim(t, drawMultiSimPlan(rt), noFlaw)
-		holds += n
+		failure, n := runMultiSimStats(t, drawMultiSimPlan(rt), noFlaw)
+		sum.holds, sum.rounds, sum.shared = sum.holds+n.holds, sum.rounds+n.rounds, sum.shared+n.shared
 		if failure != "" {
 			rt.Fatal(failure)
 		}
 	})
-	t.Logf("%d runs in %v: %d holds of a key", runs, time.Since(start).Round(time.Millisecond), holds)
+	t.Logf("%d runs in %v: %d holds of a key; %d rounds of the watchers, %d of them of several keys",
+		runs, time.Since(start).Round(time.Millisecond), sum.holds, sum.rounds, sum.shared)
 }
 
 // TestSimulationMultiCatchesCallerOrder: MultiMutexes that lock their keys
@@ -467,6 +481,20 @@ func TestSimulationMulti(t *testing.T) {
 func TestSimulationMultiCatchesCallerOrder(t *testing.T) {
 	runs, found := catchWithin(t, 300, func(rt *rapid.T) string {
 		found, _ := runMultiSim(t, drawMultiSimPlan(rt), flawMultiCallerOrder)
+		return found
+	})
+	if found == "" {
+		t.Fatalf("not caught in %d runs", runs)
+	}
+	t.Logf("caught after %d runs: %s", runs, found)
+}
+
+// TestSimulationMultiCatchesWrongViews: a watcher that hands each wait of
+// a round the view of another key of that round is caught within the
+// budget of runs.
+func TestSimulationMultiCatchesWrongViews(t *testing.T) {
+	runs, found := catchWithin(t, 300, func(rt *rapid.T) string {
+		found, _ := runMultiSim(t, drawMultiSimPlan(rt), flawViewOfOtherKey)
 		return found
 	})
 	if found == "" {

@@ -67,6 +67,11 @@ type simLink struct {
 	next    int                // guarded by mu
 	crashed bool               // guarded by mu
 	late    bool               // guarded by mu: the next write of a hold is a nextLife fault
+	// stale: each round of the Client's watcher is answered, for each key,
+	// with the record its round before read of it (views older than the
+	// wait's own writes since), and seen keeps those.
+	stale bool
+	seen  map[string]record // guarded by mu
 
 	// Flawed stores (the store's writes, as the real code sends them,
 	// made unconditional where they must not be).
@@ -439,6 +444,34 @@ func (l *simLink) current(key, owner string) record {
 	return record{}
 }
 
+func (l *simLink) readMany(ctx context.Context, keys []string) ([]record, error) {
+	l.k.mu.Lock()
+	l.k.rounds++
+	if len(keys) > 1 {
+		l.k.shared++
+	}
+	l.k.mu.Unlock()
+	return send(l, ctx, func(ctx context.Context) ([]record, error) {
+		rs, err := l.st.readMany(ctx, keys)
+		if err != nil || !l.stale {
+			return rs, err
+		}
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.seen == nil {
+			l.seen = map[string]record{}
+		}
+		for i, k := range keys {
+			if old, ok := l.seen[k]; ok {
+				rs[i], l.seen[k] = old.clone(), rs[i].clone()
+			} else {
+				l.seen[k] = rs[i].clone()
+			}
+		}
+		return rs, nil
+	})
+}
+
 func (l *simLink) read(ctx context.Context, key string) (record, error) {
 	return send(l, ctx, func(ctx context.Context) (record, error) { return l.st.read(ctx, key) })
 }
@@ -478,6 +511,7 @@ type simClientPlan struct {
 	closeAt time.Duration // Close is called then (0: at the end)
 	cuts    [][2]time.Duration
 	mutexes int // Mutex (RWMutex, Semaphore) values it locks through (local queue, handoff, shared reads)
+	stale   bool // its watcher's rounds are answered with the records the round before read (simLink.readMany)
 }
 
 // A simMode is the primitive a run locks its key with.
@@ -537,6 +571,7 @@ func drawSimPlan(t *rapid.T, drift float64, mode simMode) simPlan {
 			offset:  dur("offset", -6*time.Hour, 6*time.Hour),
 			rate:    1 + rapid.OneOf(rapid.SampledFrom([]float64{-drift, drift}), rapid.Float64Range(-drift, drift)).Draw(t, "rate"),
 			mutexes: rapid.IntRange(1, 3).Draw(t, "mutexes"),
+			stale:   rapid.Bool().Draw(t, "staleViews"),
 		}
 		if drift > MaxClockDrift {
 			c.rate = 1 + rapid.SampledFrom([]float64{-drift, drift}).Draw(t, "rate")
@@ -639,6 +674,8 @@ type simChecker struct {
 	writes    int
 	pruned    int
 	queued    int // new exclusive holds made while another waiter was registered (queueOrder)
+	rounds    int // the watchers' rounds (watcher.go)
+	shared    int // those that read more than one key
 
 	lifeMu sync.Mutex
 	life   map[string]chan struct{} // guarded by lifeMu: by owner, closed when that owner's acquire next creates the key's document
@@ -949,7 +986,7 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 		var closers []func()
 		var clients []*Client
 		for id, cp := range plan.clients {
-			link := &simLink{st: st, faults: cp.faults, k: k, net: &network, name: fmt.Sprint("client-", id), cuts: cp.cuts, t0: start}
+			link := &simLink{st: st, faults: cp.faults, k: k, net: &network, name: fmt.Sprint("client-", id), cuts: cp.cuts, t0: start, stale: cp.stale}
 			if storeFlaw != nil {
 				storeFlaw(link)
 			}

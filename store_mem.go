@@ -435,6 +435,19 @@ func (s *memStore) abandon(ctx context.Context, a attempt) error {
 	return nil
 }
 
+func (s *memStore) readMany(ctx context.Context, keys []string) ([]record, error) {
+	if err := s.begin(ctx); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rs := make([]record, len(keys))
+	for i, k := range keys {
+		rs[i], _ = s.get(k)
+	}
+	return rs, nil
+}
+
 func (s *memStore) read(ctx context.Context, key string) (record, error) {
 	if err := s.begin(ctx); err != nil {
 		return record{}, err
@@ -617,6 +630,13 @@ func (l *memLink) remove(ctx context.Context, recs []idleRecord) (int, error) {
 		return 0, err
 	}
 	return l.memStore.remove(ctx, recs)
+}
+
+func (l *memLink) readMany(ctx context.Context, keys []string) ([]record, error) {
+	if err := l.check(ctx); err != nil {
+		return nil, err
+	}
+	return l.memStore.readMany(ctx, keys)
 }
 
 func (l *memLink) read(ctx context.Context, key string) (record, error) {

@@ -1096,6 +1096,41 @@ func (s *mongoStore) remove(ctx context.Context, recs []idleRecord) (int, error)
 	return int(n), nil
 }
 
+// readBatch is the most keys readMany asks for in one find: the reply of a
+// thousand documents with queues of a few waiters each stays well under
+// the 16 MB of one reply batch.
+const readBatch = 1000
+
+func (s *mongoStore) readMany(ctx context.Context, keys []string) ([]record, error) {
+	recs := make([]record, len(keys))
+	for start := 0; start < len(keys); start += readBatch {
+		batch := keys[start:min(start+readBatch, len(keys))]
+		s.counted(ctx, 1)
+		// A batch bigger than the reply: a full one leaves the cursor open,
+		// and costs a getMore.
+		opts := options.Find().SetBatchSize(int32(len(batch) + 1))
+		cur, err := s.coll.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: batch}}}}, opts)
+		if err != nil {
+			return nil, failed(err, "dlock: read %s", count(len(keys), "key"))
+		}
+		var docs []struct {
+			ID  string  `bson:"_id"`
+			Doc lockDoc `bson:",inline"` // named: the driver skips an embedded unexported type
+		}
+		if err := cur.All(ctx, &docs); err != nil {
+			return nil, failed(err, "dlock: read %s", count(len(keys), "key"))
+		}
+		byKey := make(map[string]record, len(docs))
+		for _, d := range docs {
+			byKey[d.ID] = d.Doc.record()
+		}
+		for i, k := range batch {
+			recs[start+i] = byKey[k]
+		}
+	}
+	return recs, nil
+}
+
 func (s *mongoStore) read(ctx context.Context, key string) (record, error) {
 	s.counted(ctx, 1)
 	var d lockDoc

@@ -26,6 +26,10 @@ func (s slowStore) acquire(ctx context.Context, a attempt, at stamp) (record, er
 	s.wait()
 	return s.store.acquire(ctx, a, at)
 }
+func (s slowStore) readMany(ctx context.Context, keys []string) ([]record, error) {
+	s.wait()
+	return s.store.readMany(ctx, keys)
+}
 func (s slowStore) read(ctx context.Context, key string) (record, error) {
 	s.wait()
 	return s.store.read(ctx, key)

@@ -52,6 +52,8 @@ func (c *Client) acquire(ctx context.Context, cl claim, try bool) (*Lease, int, 
 		switch {
 		case x.enqueue || x.pr != nil:
 			s, err = x.join()
+		case x.view != nil: // a round of the watcher read the key for this one
+			read = true
 		case x.sched.attempts(c.clock.Now(), x.q.head()):
 			s, read, err = x.attemptOnce()
 		default: // behind others in the queue: read to learn when at its head
@@ -119,6 +121,7 @@ type exclusiveWait struct {
 	spares    bool   // its attempts reserve a spare token (keep.go)
 	kept      bool   // this call sent a kept hold's handoff (another Mutex's hold, or flawKeepAlways)
 	enqueue   bool   // register in the next round
+	view      *view  // a view of the key that the watcher gave the wait as it slept: the next round's read
 	joined    bool   // tried to register since the last wait: at most once a poll
 }
 
@@ -397,7 +400,14 @@ func (x *exclusiveWait) take(r record, t Token, sent time.Time, rtt time.Duratio
 func (x *exclusiveWait) read() (step, error) {
 	c := x.c
 	sent := c.clock.Now()
-	r, err := c.observe(x.ctx, x.a.key, &x.w)
+	var r record
+	var err error
+	if v := x.view; v != nil { // read by a round of the watcher
+		x.view, r, sent = nil, v.r, v.sent
+		c.watchHolder(x.ctx, r, &x.w)
+	} else {
+		r, err = c.observe(x.ctx, x.a.key, &x.w)
+	}
 	if err == nil {
 		err = c.view(x.cl, x.a, r, &x.ew, &x.q)
 	}
@@ -503,8 +513,14 @@ func (x *exclusiveWait) pause() error {
 	}
 	now := x.c.clock.Now()
 	reg, asleep := x.q.registered(), x.q.asleep()
-	d := x.sched.next(now, reg, x.q.head(), asleep)
-	if err := x.c.waitPoll(x.ctx, d, x.sched.limit(now, asleep), due, &x.ew); err != nil {
+	d, limit := x.sched.next(now, reg, x.q.head(), asleep), x.sched.limit(now, asleep)
+	var err error
+	if x.c.watches(d, x.cl.cfg) {
+		x.view, err = x.c.waitView(x.ctx, x.a.key, d, limit, due, &x.ew)
+	} else {
+		err = x.c.waitPoll(x.ctx, d, limit, due, &x.ew)
+	}
+	if err != nil {
 		return err
 	}
 	x.joined = false
