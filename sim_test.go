@@ -510,7 +510,7 @@ type simClientPlan struct {
 	ops     []simOp
 	closeAt time.Duration // Close is called then (0: at the end)
 	cuts    [][2]time.Duration
-	mutexes int // Mutex (RWMutex, Semaphore) values it locks through (local queue, handoff, shared reads)
+	mutexes int  // Mutex (RWMutex, Semaphore) values it locks through (local queue, handoff, shared reads)
 	stale   bool // its watcher's rounds are answered with the records the round before read (simLink.readMany)
 }
 
