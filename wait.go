@@ -651,24 +651,30 @@ func (c *Client) view(cl claim, a attempt, r record, ew *entryWatch, q *queueing
 		cl.pace.sawToken(r.Token, c.clock.Now())
 	}
 	blocking := r
-	if q.reg != nil {
-		e, ok := r.Waiters[a.holdKey()]
-		if !ok {
-			q.reg.end(ErrReleased, "") // cleared already: nothing to remove
-			*q = queueing{}
-		} else {
-			q.ahead, q.awake, q.sleep = r.ahead(e.Q), 0, e.Sleep
-			blocking.Waiters = make(map[string]entry, len(q.ahead))
-			for hk := range q.ahead {
-				blocking.Waiters[hk] = r.Waiters[hk]
-				switch {
-				case !r.Waiters[hk].Sleep || r.Waiters[hk].Q == 0:
-					// Awake; or pending (store.register), marked asleep
-					// only until its number, perhaps below ours, is written.
-					q.awake++
-				case c.cfg.hooks.flawed(flawPassAsSeen):
-					delete(q.ahead, hk) // the acquire's filter no longer checks it
-				}
+	e, ok := r.Waiters[a.holdKey()]
+	switch {
+	case q.reg == nil:
+	case r.Queue < q.number() || ok && e.Q != q.number():
+		// A stale view, from before the registration was numbered (a
+		// late read, or a watcher's round): it tells nothing of the
+		// queue, and its waiters ahead may be too few. The wait goes on
+		// with what it saw last.
+		return nil
+	case !ok:
+		q.reg.end(ErrReleased, "") // cleared already: nothing to remove
+		*q = queueing{}
+	default:
+		q.ahead, q.awake, q.sleep = r.ahead(e.Q), 0, e.Sleep
+		blocking.Waiters = make(map[string]entry, len(q.ahead))
+		for hk := range q.ahead {
+			blocking.Waiters[hk] = r.Waiters[hk]
+			switch {
+			case !r.Waiters[hk].Sleep || r.Waiters[hk].Q == 0:
+				// Awake; or pending (store.register), marked asleep
+				// only until its number, perhaps below ours, is written.
+				q.awake++
+			case c.cfg.hooks.flawed(flawPassAsSeen):
+				delete(q.ahead, hk) // the acquire's filter no longer checks it
 			}
 		}
 	}
