@@ -3,8 +3,10 @@ package dlock
 import (
 	"context"
 	"fmt"
+	"maps"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -56,8 +58,15 @@ func BenchmarkManyKeys(b *testing.B) {
 			b.Run(fmt.Sprintf("server=embedded/keys=%d/variant=%s", k, v.name), func(b *testing.B) {
 				coll := newColl(b)
 				var n atomic.Int64
+				var mu sync.Mutex
+				byName := map[string]int{} // the waiting Client's commands by name
 				mc, err := mongo.Connect(options.Client().ApplyURI(testURI).SetMonitor(&event.CommandMonitor{
-					Started: func(context.Context, *event.CommandStartedEvent) { n.Add(1) },
+					Started: func(_ context.Context, e *event.CommandStartedEvent) {
+						n.Add(1)
+						mu.Lock()
+						byName[e.CommandName]++
+						mu.Unlock()
+					},
 				}))
 				if err != nil {
 					b.Fatal(err)
@@ -65,7 +74,21 @@ func BenchmarkManyKeys(b *testing.B) {
 				b.Cleanup(func() { mc.Disconnect(context.Background()) })
 				holder := newClient(b, coll)
 				waiter := newClient(b, mc.Database(testDB.Name()).Collection(coll.Name()), v.opts...)
-				runManyKeys(b, k, holder, waiter, n.Load, nil).report(b, k)
+				var marks []map[string]int // byName when sent is called: 2 s and 12 s into the holds
+				sent := func() int64 {
+					mu.Lock()
+					marks = append(marks, maps.Clone(byName))
+					mu.Unlock()
+					return n.Load()
+				}
+				runManyKeys(b, k, holder, waiter, sent, nil).report(b, k)
+				var sb strings.Builder
+				for _, name := range slices.Sorted(maps.Keys(marks[1])) {
+					if d := marks[1][name] - marks[0][name]; d > 0 {
+						fmt.Fprintf(&sb, " %s %.2f", name, float64(d)/10)
+					}
+				}
+				b.Logf("the waiting Client's commands a second, 2 s to 12 s into the holds:%s", sb.String())
 			})
 		}
 	}
