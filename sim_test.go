@@ -951,6 +951,7 @@ func (k *simChecker) acquire(client int, l *Lease, called time.Time) {
 type simStats struct {
 	holds, writes, pruned int
 	queued                int // new exclusive holds made while another waiter was registered
+	rounds                int // the watchers' rounds
 	simulated             time.Duration
 }
 
@@ -1201,7 +1202,7 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 		}
 		k.mu.Lock()
 		failure = k.failure
-		stats = simStats{k.acquired, k.writes, k.pruned, k.queued, time.Since(start)}
+		stats = simStats{k.acquired, k.writes, k.pruned, k.queued, k.rounds, time.Since(start)}
 		k.mu.Unlock()
 	})
 	return failure, stats
@@ -1292,7 +1293,7 @@ func (s simSemLocker) unlock(ctx context.Context, _ simOp, l *Lease) error { ret
 // fault above, with clocks within MaxClockDrift. More runs:
 // go test -run TestSimulation -rapid.checks=2000 .
 func TestSimulation(t *testing.T) {
-	start, runs, holds, writes, pruned, queued := time.Now(), 0, 0, 0, 0, 0
+	start, runs, holds, writes, pruned, queued, rounds := time.Now(), 0, 0, 0, 0, 0, 0
 	var simulated time.Duration
 	rapid.Check(t, func(rt *rapid.T) {
 		runs++
@@ -1303,12 +1304,13 @@ func TestSimulation(t *testing.T) {
 		}
 		failure, stats := runSim(t, plan, noFlaw, nil)
 		holds, writes, pruned, queued, simulated = holds+stats.holds, writes+stats.writes, pruned+stats.pruned, queued+stats.queued, simulated+stats.simulated
+		rounds += stats.rounds
 		if failure != "" {
 			rt.Fatal(failure)
 		}
 	})
-	t.Logf("%d runs in %v: %d holds (%d taken with waiters registered), %d checked writes, %d documents pruned, %v simulated",
-		runs, time.Since(start).Round(time.Millisecond), holds, queued, writes, pruned, simulated.Round(time.Second))
+	t.Logf("%d runs in %v: %d holds (%d taken with waiters registered), %d checked writes, %d documents pruned, %d rounds of the watchers, %v simulated",
+		runs, time.Since(start).Round(time.Millisecond), holds, queued, writes, pruned, rounds, simulated.Round(time.Second))
 }
 
 // drawPacer draws how a run's waits are paced: by dlock's rules in half

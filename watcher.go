@@ -30,15 +30,16 @@ import (
 // be stale (the simulation delivers them late).
 
 // watches reports whether a wait that is to sleep d before its next round
-// sleeps in the watcher (waitView): when d is half a maximum backoff or
-// more, so that the rounds, which come as often as the most urgent of
-// their waits needs, come at most eight times a second by default. A wait
-// that must poll sooner (a head during short holds, near its turn) polls
-// alone, as it would with no other wait: a round merged with the others'
-// would read all their keys at its pace, and a head's view then attempt
-// costs a command more at the hand-over than its attempt.
+// sleeps in the watcher (waitView): when d is four minimum backoffs or
+// more (20 ms by default), so that the rounds, which come as often as the
+// most urgent of their waits needs, come at most fifty times a second. A
+// wait that must poll sooner (a head during holds of less than about
+// 80 ms, which polls every quarter of a hand-over) polls alone, as it
+// would with no other wait: a round at its pace would read all the other
+// keys as often, and its view then its attempt would cost a command more
+// at each hand-over than its attempt alone.
 func (c *Client) watches(d time.Duration, cfg *config) bool {
-	return d >= cfg.maxBackoff/2 && c.pacer.uses(ruleWatch)
+	return d >= 4*cfg.minBackoff && c.pacer.uses(ruleWatch)
 }
 
 // A watcher is the Client's table of the keys its waits want a view of,
