@@ -339,12 +339,7 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 		registered, asleep := x.q.registered(), x.q.asleep()
 		head := registered && !asleep && x.place() == 0
 		d, limit := x.sched.next(now, registered, head, asleep), x.sched.limit(now, asleep)
-		if c.watches(d, cl.cfg) {
-			x.view, err = c.waitView(ctx, x.a.key, d, limit, &x.w, &x.ew)
-		} else {
-			err = c.waitPoll(ctx, d, limit, &x.w, &x.ew)
-		}
-		if err != nil {
+		if x.view, err = c.waitRound(ctx, cl.cfg, x.a.key, d, limit, &x.w, &x.ew); err != nil {
 			return nil, x.attempts, x.giveUp(err)
 		}
 	}

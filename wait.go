@@ -33,7 +33,9 @@ import (
 //     the head, and a planned wait attempts once its turn is due.
 //  3. Act on what the round saw (settle). A read that shows the key
 //     takeable is followed by an attempt at once, but only once.
-//  4. Sleep as long as the schedule says, capped by the watches (pause).
+//  4. Sleep as long as the schedule says, capped by the watches (pause);
+//     a long sleep in the Client's watcher (watcher.go), whose rounds may
+//     bring the key's record, which the next round takes as its read.
 //
 // Besides the schedule's reads, the wait reads to start a watch on the
 // holder's revision once it outlasts its first poll (a TryLock at once),
@@ -515,12 +517,7 @@ func (x *exclusiveWait) pause() error {
 	reg, asleep := x.q.registered(), x.q.asleep()
 	d, limit := x.sched.next(now, reg, x.q.head(), asleep), x.sched.limit(now, asleep)
 	var err error
-	if x.c.watches(d, x.cl.cfg) {
-		x.view, err = x.c.waitView(x.ctx, x.a.key, d, limit, due, &x.ew)
-	} else {
-		err = x.c.waitPoll(x.ctx, d, limit, due, &x.ew)
-	}
-	if err != nil {
+	if x.view, err = x.c.waitRound(x.ctx, x.cl.cfg, x.a.key, d, limit, due, &x.ew); err != nil {
 		return err
 	}
 	x.joined = false

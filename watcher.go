@@ -10,11 +10,11 @@ import (
 // that a process waiting on many keys reads them together. docs/design.md
 // ("One watcher per Client") has the seam for pushed views.
 //
-// A wait that is to sleep before its next round asks the watcher for a
-// view of its key (want). Whichever of the Client's waits is due first
-// reads, in one round, its own key and the key of every wait wanting one
-// (round): one find of the keys in batches (store.readMany), however many
-// keys. Each waiting wait takes the record so read as the read its next
+// A wait that is to sleep long enough before its next round (watches)
+// asks the watcher for a view of its key (want). Whichever of the Client's
+// waits is due first reads, in one round, its own key and the key of every
+// wait wanting one: one find of the keys, in batches of a thousand, from
+// the Client's view source, however many keys. Each waiting wait takes the record so read as the read its next
 // round would have sent, and sleeps again from what it shows. So the
 // rounds come as often as the most urgent wait needs, and the others'
 // reads merge into them.
@@ -29,10 +29,21 @@ import (
 // network keeps order; the waits act on a view as on any read, which may
 // be stale (the simulation delivers them late).
 
+// waitRound waits for a wait's next round on key, d as its pacing asks,
+// capped as waitPoll caps it: in the watcher when d is long enough
+// (watches), and then it returns the view a round read, if one did.
+func (c *Client) waitRound(ctx context.Context, cfg *config, key string, d, limit time.Duration, w *watch, ew *entryWatch) (*view, error) {
+	if c.watches(d, cfg) {
+		return c.waitView(ctx, key, d, limit, w, ew)
+	}
+	return nil, c.waitPoll(ctx, d, limit, w, ew)
+}
+
 // watches reports whether a wait that is to sleep d before its next round
 // sleeps in the watcher (waitView): when d is four minimum backoffs or
-// more (20 ms by default), so that the rounds, which come as often as the
-// most urgent of their waits needs, come at most fifty times a second. A
+// more (20 ms by default), so that a wait takes part in at most fifty
+// rounds a second: the rounds come as often as the most urgent wait
+// needs. A
 // wait that must poll sooner (a head during holds of less than about
 // 80 ms, which polls every quarter of a hand-over) polls alone, as it
 // would with no other wait: a round at its pace would read all the other
@@ -53,7 +64,7 @@ type watcher struct {
 }
 
 // A round is one read of the keys its waits wanted: done is closed once
-// views holds its view of each, and sent when its read was sent, or err.
+// views holds the view of each, or err the round's error.
 type round struct {
 	done  chan struct{}
 	views map[string]*view
