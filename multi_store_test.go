@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // The bulk acquire and the read of many records, on both stores, against
@@ -64,4 +67,40 @@ func describeAll(recs []record) string {
 		s += describe(r)
 	}
 	return s
+}
+
+// TestStoresAgreeOnReadMany: the watcher's read of several keys returns,
+// in order, what a read of each returns, on both stores, in every state of
+// the table (a key twice, and one with no document, included).
+func TestStoresAgreeOnReadMany(t *testing.T) {
+	ctx := context.Background()
+	coll := newColl(t)
+	ms := newMongoStore(coll, func(context.Context, int) {})
+	mem := newMemStore()
+	var keys []string
+	for sname, state := range tableStates() {
+		if state == nil {
+			continue
+		}
+		key := "r-" + sname
+		mem.records[key] = state.clone()
+		if _, err := coll.InsertOne(ctx, seedDoc(key, *state)); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, key, "absent")
+	}
+	keys = append(keys, keys[0])
+	for _, s := range []store{mem, ms} {
+		recs, err := s.readMany(ctx, keys)
+		require.NoError(t, err)
+		require.Len(t, recs, len(keys))
+		for i, k := range keys {
+			one, err := s.read(ctx, k)
+			require.NoError(t, err)
+			assert.Equal(t, describe(one), describe(recs[i]), "%T: %s", s, k)
+		}
+	}
+	m, _ := mem.readMany(ctx, keys)
+	s, _ := ms.readMany(ctx, keys)
+	assert.Equal(t, describeAll(m), describeAll(s), "the stores disagree")
 }

@@ -450,9 +450,8 @@ type store interface {
 	// read returns the record for key (the zero record when absent).
 	read(ctx context.Context, key string) (record, error)
 	// readMany returns the records of keys, in order, whole (the zero
-	// record for a key that has none), in one find (a few, on servers
-	// that handle big commands badly: see ferretBatch): the watcher's
-	// rounds (watcher.go).
+	// record for a key that has none), in one find per thousand keys
+	// (readBatch): the watcher's rounds (watcher.go).
 	readMany(ctx context.Context, keys []string) ([]record, error)
 	// serverTime returns the server's clock, or ok=false when the server
 	// does not report it.
