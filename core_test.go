@@ -29,6 +29,7 @@ type hooked struct {
 	hooks    map[string]hook // guarded by mu
 	calls    map[string]int  // guarded by mu
 	extended map[string]int  // extend calls naming each key; guarded by mu
+	reaching sync.WaitGroup  // the calls on their way to the store, unhooked (settle)
 }
 
 // extensions reports how many extend calls have named key so far.
@@ -65,12 +66,20 @@ func (h *hooked) run(ctx context.Context, op string, call func() error) error {
 	h.mu.Lock()
 	f := h.hooks[op]
 	h.calls[op]++
+	if f == nil {
+		h.reaching.Add(1)
+	}
 	h.mu.Unlock()
 	if f == nil {
+		defer h.reaching.Done()
 		return call()
 	}
 	return f(ctx, call)
 }
+
+// settle waits until every call that went to the store unhooked has
+// returned: after stop, until the writes sent before it have landed.
+func (h *hooked) settle() { h.reaching.Wait() }
 
 func (h *hooked) acquire(ctx context.Context, a attempt, takeover stamp) (r record, err error) {
 	err = h.run(ctx, "acquire", func() (err error) { r, err = h.store.acquire(ctx, a, takeover); return err })
@@ -214,7 +223,7 @@ func applyThenHang(ctx context.Context, call func() error) error {
 }
 
 // storeOps names every operation of the store interface.
-var storeOps = []string{"acquire", "handoff", "extend", "release", "setData", "releaseAll", "acquireAll", "readAll", "abandon", "read",
+var storeOps = []string{"acquire", "handoff", "extend", "release", "setData", "releaseAll", "acquireAll", "readAll", "abandon", "read", "readMany",
 	"floor", "idle", "raiseFloor", "remove", "register", "mark", "requeue", "reap", "serverTime"}
 
 // stop makes every operation hang, as a crashed or cut-off process's

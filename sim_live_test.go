@@ -217,7 +217,7 @@ func (lw *liveWorld) queue(t *testing.T, i int, w liveWaiter, pace pacer) string
 	case liveLeaves:
 		time.AfterFunc(w.at, func() { lw.dies(c, w.fate, cancel) })
 	case liveCrashes:
-		time.AfterFunc(w.at, func() { lw.dies(c, w.fate, func() { h.stop(t) }) })
+		time.AfterFunc(w.at, func() { lw.dies(c, w.fate, func() { h.stop(t); h.settle() }) })
 	}
 	return ""
 }
@@ -227,8 +227,16 @@ func (lw *liveWorld) queue(t *testing.T, i int, w liveWaiter, pace pacer) string
 // awake, until it is reaped, its registration's TTL, half a TTL (the
 // longest read interval behind it, a sleeper's) and a poll after it died;
 // one that took the key, until it frees it as it leaves, or two TTLs and
-// a poll after it crashed; one marked asleep, not at all.
+// a poll after it crashed; one marked asleep, not at all. A waiter that
+// leaves is judged as it was when it began to leave (its last writes
+// free what it had); one that crashes, as its last writes left it: die
+// returns once every write it sent before it crashed has landed (a
+// sleeper whose mark awake was on its way holds the queue up as an awake
+// one).
 func (lw *liveWorld) dies(c *Client, fate liveFate, die func()) {
+	if fate == liveCrashes {
+		die()
+	}
 	ttl, r, now := DefaultTTL, holder(lw.st, "k"), time.Since(lw.start)
 	until := time.Duration(0)
 	switch {
@@ -245,7 +253,9 @@ func (lw *liveWorld) dies(c *Client, fate liveFate, die func()) {
 	lw.mu.Lock()
 	lw.upTo = append(lw.upTo, until)
 	lw.mu.Unlock()
-	die()
+	if fate != liveCrashes {
+		die()
+	}
 }
 
 // liveQueue describes the queue of "k" in st: each waiter, asleep or not.
