@@ -740,28 +740,16 @@ func (s *mongoStore) extend(ctx context.Context, refs []leaseRef) ([]bool, error
 		return ok, nil
 	}
 	// Some were not matched: find which of them this owner still holds.
-	keys := make(bson.A, len(refs))
+	keys := make([]string, len(refs))
 	for i, ref := range refs {
 		keys[i] = ref.key
 	}
-	s.counted(ctx, 1)
-	cur, err := s.coll.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: keys}}}})
+	now, err := s.readMany(ctx, keys)
 	if err != nil {
-		return nil, failed(err, "dlock: extend %s", count(len(refs), "lease"))
-	}
-	var docs []struct {
-		ID  string  `bson:"_id"`
-		Doc lockDoc `bson:",inline"` // named: the driver skips an embedded unexported type
-	}
-	if err := cur.All(ctx, &docs); err != nil {
-		return nil, failed(err, "dlock: extend %s", count(len(refs), "lease"))
-	}
-	now := make(map[string]record, len(docs))
-	for _, d := range docs {
-		now[d.ID] = d.Doc.record()
+		return nil, err
 	}
 	for i, ref := range refs {
-		ok[i] = now[ref.key].holds(ref)
+		ok[i] = now[i].holds(ref)
 	}
 	return ok, nil
 }
