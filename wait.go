@@ -677,6 +677,11 @@ func (c *Client) view(cl claim, a attempt, r record, ew *entryWatch, q *queueing
 	}
 	now := c.clock.Now()
 	ew.observe(blocking, now, roleShared, roleWaiter)
+	if a.shared {
+		// A Semaphore's Acquires hold no slot: one Client's wait side by
+		// side, and a registration of its own ahead may be a sibling's.
+		return nil
+	}
 	for hk, e := range blocking.Waiters {
 		if e.Owner == c.owner && hk != a.holdKey() {
 			// A registration of this Client's that no call uses (one whose

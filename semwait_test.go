@@ -1,0 +1,110 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Tests of a Semaphore's registered wait where it differs from a Mutex's:
+// one Client's Acquires wait side by side on one key, none holding the
+// Client's slot for it.
+
+// leaveDeadRegistration has c's Acquire of s register behind a full
+// Semaphore and give up, its registration's removal lost: the
+// registration stays in the document, no longer extended, as a crashed
+// waiter's does.
+func leaveDeadRegistration(t *testing.T, c *Client, h *hooked, s string, n int) {
+	t.Helper()
+	lost := make(chan struct{}, 1)
+	h.on("release", func(context.Context, func() error) error {
+		select {
+		case lost <- struct{}{}:
+		default:
+		}
+		return errors.New("lost")
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { _, err := c.NewSemaphore(s, n).Acquire(ctx); done <- err }()
+	require.Eventually(t, func() bool { return h.count("register") > 0 }, 5*time.Second, time.Millisecond)
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+	<-lost // the registration's removal was sent, and lost
+	h.on("release", nil)
+}
+
+// TestSemaphoreClearsItsOwnDeadRegistration: a registration of this
+// Client's that no Acquire uses (its removal was lost) is cleared as any
+// dead waiter's, once its TTL has passed unextended; a later Acquire of
+// the same Client then takes the free permit. It waited for ever, counting
+// the dead registration as an awake waiter owed the permit: each read made
+// it due "at once", a moment before the check that asked. Real time, not
+// a synctest bubble: there two readings of the clock can be equal.
+func TestSemaphoreClearsItsOwnDeadRegistration(t *testing.T) {
+	const ttl = time.Second
+	ctx := context.Background()
+	st := newMemStore()
+	other, _ := memClient(t, st, WithTTL(ttl))
+	c, h := memClient(t, st, WithTTL(ttl))
+	held, err := other.NewSemaphore("s", 1).Acquire(ctx)
+	require.NoError(t, err)
+	leaveDeadRegistration(t, c, h, "s", 1)
+	require.NoError(t, held.Release(ctx))
+	require.Len(t, holder(st, "s").Waiters, 1, "the dead registration")
+
+	// The bound on a dead waiter: its registration's TTL (two TTLs), a
+	// read and a poll; six TTLs leaves room for a loaded machine.
+	start := time.Now()
+	wait, cancel := context.WithTimeout(ctx, 6*ttl)
+	defer cancel()
+	l, err := c.NewSemaphore("s", 1).Acquire(wait)
+	require.NoError(t, err, "the permit is free but for this Client's own dead registration")
+	t.Logf("took the permit %v after the holder released it", time.Since(start))
+	require.NoError(t, l.Release(ctx))
+}
+
+// TestSemaphoreOwnAcquiresLeaveEachOther: two Acquires of one Client wait
+// side by side behind a full Semaphore, each registered; neither clears
+// the other's live registration (where two readings of the clock are
+// equal, each did, at once, and they were served out of order), and they
+// take the permit in the order they registered.
+func TestSemaphoreOwnAcquiresLeaveEachOther(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		st := newMemStore()
+		other, _ := memClient(t, st)
+		c, h := memClient(t, st)
+		held, err := other.NewSemaphore("s", 1).Acquire(ctx)
+		require.NoError(t, err)
+		took := make(chan string, 2)
+		var wg sync.WaitGroup
+		for i, who := range []string{"first", "second"} {
+			wg.Go(func() {
+				l, err := c.NewSemaphore("s", 1).Acquire(ctx)
+				if assert.NoError(t, err) {
+					took <- who
+					time.Sleep(time.Second)
+					assert.NoError(t, l.Release(ctx))
+				}
+			})
+			for h.count("register") <= i { // registered, in this order
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		require.Len(t, holder(st, "s").Waiters, 2, "both registered")
+		time.Sleep(5 * time.Second)
+		assert.Zero(t, h.count("reap"), "an Acquire cleared its sibling's live registration")
+		assert.Equal(t, 2, h.count("register"), "registrations: one each")
+		require.NoError(t, held.Release(ctx))
+		assert.Equal(t, "first", <-took)
+		assert.Equal(t, "second", <-took)
+		wg.Wait()
+	})
+}
