@@ -144,22 +144,23 @@ func (w *waitLog) tooLate(err error, ttl time.Duration) error {
 		ErrTTLTooShort, w.late, ttl)
 }
 
-// registeredInTime checks the registration that join just made or
-// adopted, if any. One whose reply came after its local deadline has
-// ended already, and, unregistered, the wait's own entry would keep its
-// attempts out of the queue: it is removed in the background and
-// errLateReply returned. One answered in time resets the late count.
-func (x *exclusiveWait) registeredInTime() error {
+// registeredInTime checks the registration in q that a wait's join just
+// made or adopted, if any. One whose reply came after its local deadline
+// has ended already, and, unregistered, the wait's own entry would keep
+// its attempts out of the queue: it is removed in the background and
+// errLateReply returned, for the wait to count (tooLate). One answered in
+// time resets the late count.
+func (c *Client) registeredInTime(q *queueing, w *waitLog) error {
 	switch {
-	case x.q.reg == nil:
+	case q.reg == nil:
 		return nil
-	case x.q.registered():
-		x.late = 0
+	case q.registered():
+		w.late = 0
 		return nil
 	}
-	c, ref := x.c, x.q.reg.ref()
+	ref := q.reg.ref()
 	c.tidy(cleanupTimeout, func(ctx context.Context) { c.store.release(ctx, ref) }) // not the TTL: too short for an answer
-	x.q = queueing{}
+	*q = queueing{}
 	return errLateReply
 }
 
@@ -292,7 +293,9 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 	x.ew.reapLive = c.cfg.hooks.flawed(flawReapLive)
 	fresh := false // the registration's reply is as good as a read: wait for the poll
 	if x.queues && x.sched.contended(c.clock.Now()) {
-		ready, _ = x.join() // its last wait was lately: register at once, as a Lock does
+		var err error
+		ready, err = x.join() // its last wait was lately: register at once, as a Lock does
+		x.tooLate(err, x.a.ttl) // counts a late registration: the first can't be the last
 		fresh = x.q.registered()
 	}
 	afterRead := false
@@ -330,6 +333,9 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 		case x.queues && !x.q.registered():
 			if ready, err = x.join(); ready {
 				continue
+			}
+			if tooLate := x.tooLate(err, x.a.ttl); tooLate != nil {
+				return nil, x.attempts, x.giveUp(tooLate)
 			}
 			x.lastErr = cmp.Or(err, x.lastErr)
 		}
@@ -382,9 +388,8 @@ func (x *sharedWait) giveUp(err error) error {
 func (x *sharedWait) join() (ready bool, err error) {
 	c := x.c
 	r, err := c.enqueue(x.ctx, x.cl, x.a, &x.q)
-	if err == nil && x.q.reg != nil && !x.q.registered() { // answered too late: unused, remove it
-		c.unregister(x.q.reg)
-		x.q = queueing{}
+	if err == nil {
+		err = c.registeredInTime(&x.q, &x.waitLog)
 	}
 	if err != nil || !x.q.registered() {
 		return false, err

@@ -108,3 +108,30 @@ func TestSemaphoreOwnAcquiresLeaveEachOther(t *testing.T) {
 		wg.Wait()
 	})
 }
+
+// TestSemaphoreLateRegistrations: an Acquire that must wait behind a full
+// Semaphore, whose registrations are all answered after their local
+// deadline, ends with ErrTTLTooShort after lateReplies of them in a row,
+// as a Lock does, and leaves nothing registered. It registered again at
+// every poll until its ctx ended.
+func TestSemaphoreLateRegistrations(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		ctx := context.Background()
+		other, _ := memClient(t, st)
+		held, err := other.NewSemaphore("s", 1).Acquire(ctx)
+		require.NoError(t, err)
+		const ttl = 100 * time.Millisecond
+		c, h := memClient(t, st, WithTTL(ttl))
+		h.on("register", lateReply(5*ttl)) // past the registration's two TTLs
+		wait, cancel := context.WithTimeout(ctx, time.Hour)
+		defer cancel()
+		_, err = c.NewSemaphore("s", 1).Acquire(wait)
+		require.ErrorIs(t, err, ErrTTLTooShort)
+		require.NoError(t, wait.Err(), "Acquire registered until its ctx ended")
+		assert.Equal(t, lateReplies, h.count("register"))
+		synctest.Wait() // the clean-up in the background
+		assert.Empty(t, holder(st, "s").Waiters, "registered after the Acquire returned")
+		require.NoError(t, held.Release(ctx))
+	})
+}

@@ -274,7 +274,7 @@ func (x *exclusiveWait) join() (step, error) {
 		}
 	}
 	if err == nil {
-		err = x.registeredInTime()
+		err = c.registeredInTime(&x.q, &x.waitLog)
 	}
 	if err != nil {
 		return stepOn, err
