@@ -294,7 +294,7 @@ func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease,
 	fresh := false // the registration's reply is as good as a read: wait for the poll
 	if x.queues && x.sched.contended(c.clock.Now()) {
 		var err error
-		ready, err = x.join() // its last wait was lately: register at once, as a Lock does
+		ready, err = x.join()   // its last wait was lately: register at once, as a Lock does
 		x.tooLate(err, x.a.ttl) // counts a late registration: the first can't be the last
 		fresh = x.q.registered()
 	}
