@@ -282,15 +282,9 @@ func kindError(key, want, got string) error {
 // document whose revision stood still for a TTL is cleared whole (every
 // hold in it has ended), both by writes conditional on what was read.
 func (c *Client) acquireShared(ctx context.Context, cl claim, try bool) (*Lease, int, error) {
-	x := &sharedWait{c: c, ctx: ctx, cl: cl, try: try, a: cl.attempt, sched: cl.pace.shared(cl.cfg, c.pacer)}
-	x.a.owner, x.a.hold = c.owner, c.holdIDs.Add(1)
-	x.queues = !try && strings.HasPrefix(x.a.kind, "sem/") && c.queues(x.a.kind)
-	if c.cfg.hooks.flawed(flawSharedOverLimit) {
-		x.a.limit++
-	}
+	x := c.newSharedWait(ctx, cl, try)
 	var ready bool
 	x.a.token, ready = cl.pace.token()
-	x.ew.reapLive = c.cfg.hooks.flawed(flawReapLive)
 	fresh := false // the registration's reply is as good as a read: wait for the poll
 	if x.queues && x.sched.contended(c.clock.Now()) {
 		var err error
@@ -375,6 +369,17 @@ type sharedWait struct {
 	ready     bool      // with stepAgain from read: the record looks takeable, attempt at once
 	holder    record    // the last record whose holders were reported to the trace
 	events    int       // holders reported
+}
+
+func (c *Client) newSharedWait(ctx context.Context, cl claim, try bool) *sharedWait {
+	x := &sharedWait{c: c, ctx: ctx, cl: cl, try: try, a: cl.attempt, sched: cl.pace.shared(cl.cfg, c.pacer)}
+	x.a.owner, x.a.hold = c.owner, c.holdIDs.Add(1)
+	x.queues = !try && strings.HasPrefix(x.a.kind, "sem/") && c.queues(x.a.kind)
+	if c.cfg.hooks.flawed(flawSharedOverLimit) {
+		x.a.limit++
+	}
+	x.ew.reapLive = c.cfg.hooks.flawed(flawReapLive)
+	return x
 }
 
 func (x *sharedWait) giveUp(err error) error {
@@ -543,6 +548,12 @@ func (x *sharedWait) read() (step, error) {
 		}
 		x.forget() // too late to rely on, or its floor read failed
 		return stepOn, err
+	}
+	if x.q.stale(r, a.holdKey()) && !c.cfg.hooks.flawed(flawActOnStaleRead) {
+		// Its marks may be older than the view the wait last acted on: a
+		// waiter ahead seen asleep since may show awake here, and, taken
+		// as news, no attempt would check it (takeable). Wait for the next.
+		return stepOn, nil
 	}
 	a.token = r.Token
 	x.cl.pace.sawToken(r.Token, c.clock.Now())

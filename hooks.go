@@ -33,4 +33,5 @@ const (
 	flawMultiCallerOrder          // a MultiMutex locks its keys in the caller's order, not sorted: two of them can wait for each other in a cycle
 	flawSemaphoreOutOfOrder       // a Semaphore's registered waiter takes a permit whenever one is free, passing the waiters ahead of it
 	flawViewOfOtherKey            // the watcher hands each wait of a round the view of another key of that round
+	flawActOnStaleRead            // a Semaphore's registered waiter acts on a read from before its registration was numbered
 )

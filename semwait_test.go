@@ -135,3 +135,51 @@ func TestSemaphoreLateRegistrations(t *testing.T) {
 		require.NoError(t, held.Release(ctx))
 	})
 }
+
+// TestSemaphoreStaleReadPassesNoOne: a read from before the waiter's
+// registration was numbered, answered after a later view, tells it
+// nothing. The scene: W registers behind E; W's next read shows E asleep
+// (its attempt could then pass E, by the server's check that E still is);
+// E wakes; W's next read is one sent before W registered, in which E is
+// awake and the permit free. Taken as news, W passed E without naming it
+// to the server, as its last good view counted no one awake ahead, and
+// took the permit owed to E (so did the simulation, with stale reads,
+// under flawActOnStaleRead).
+func TestSemaphoreStaleReadPassesNoOne(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		st := newMemStore()
+		p, _ := memClient(t, st)
+		held, err := p.NewSemaphore("s", 1).Acquire(ctx)
+		require.NoError(t, err)
+		e := attempt{key: "s", owner: "E", hold: 1, ttl: time.Hour, kind: semKind(1), shared: true, limit: 1}
+		_, err = st.register(ctx, e)
+		require.NoError(t, err)
+		require.NoError(t, held.Release(ctx))
+		stale, err := st.read(ctx, "s") // the permit free, E awake, W not registered
+		require.NoError(t, err)
+
+		w, _ := memClient(t, st, withPacer(backoffPacer{})) // W stays awake
+		s := w.NewSemaphore("s", 1)
+		x := w.newSharedWait(ctx, claim{lk: s, cfg: &s.cfg, pace: &s.pace,
+			attempt: attempt{key: "s", ttl: s.cfg.ttl, kind: semKind(1), shared: true, limit: 1}}, false)
+		ready, err := x.join()
+		require.NoError(t, err)
+		require.False(t, ready, "a permit for W while E waits awake ahead")
+		eRef := leaseRef{key: "s", owner: "E", hold: 1, ttl: e.ttl, token: 1, role: roleWaiter}
+		_, err = st.mark(ctx, eRef, true)
+		require.NoError(t, err)
+		_, err = x.read()
+		require.NoError(t, err)
+		require.True(t, x.ready, "E asleep: W may pass it, if the server finds it still asleep")
+		_, err = st.mark(ctx, eRef, false) // W's attempt was lost; E wakes
+		require.NoError(t, err)
+
+		x.view = &view{r: stale}
+		if _, err := x.read(); err == nil && x.ready {
+			x.attemptOnce(true)
+		}
+		assert.Empty(t, holder(st, "s").Shared, "W took the permit owed to E, awake ahead of it")
+		w.unregister(x.q.reg)
+	})
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
@@ -67,11 +68,12 @@ type simLink struct {
 	next    int                // guarded by mu
 	crashed bool               // guarded by mu
 	late    bool               // guarded by mu: the next write of a hold is a nextLife fault
-	// stale: each round of the Client's watcher is answered, for each key,
-	// with the record its round before read of it (views older than the
-	// wait's own writes since), and seen keeps those.
+	// stale: each read of a key, alone or in a round of the Client's
+	// watcher, is answered with what one of its last reads found (views
+	// older than the wait's own writes since: a lagging replica), and seen
+	// keeps those (simLink.lag).
 	stale bool
-	seen  map[string]record // guarded by mu
+	seen  map[string][]record // guarded by mu
 
 	// Flawed stores (the store's writes, as the real code sends them,
 	// made unconditional where they must not be).
@@ -456,24 +458,41 @@ func (l *simLink) readMany(ctx context.Context, keys []string) ([]record, error)
 		if err != nil || !l.stale {
 			return rs, err
 		}
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		if l.seen == nil {
-			l.seen = map[string]record{}
-		}
 		for i, k := range keys {
-			if old, ok := l.seen[k]; ok {
-				rs[i], l.seen[k] = old.clone(), rs[i].clone()
-			} else {
-				l.seen[k] = rs[i].clone()
-			}
+			rs[i] = l.lag(k, rs[i])
 		}
 		return rs, nil
 	})
 }
 
+// lag answers a stale link's read of key, which found r, with what one of
+// its last staleReads reads of key found, r among them, drawn at random:
+// a replica that lags, and answers out of order.
+func (l *simLink) lag(key string, r record) record {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seen == nil {
+		l.seen = map[string][]record{}
+	}
+	h := append(l.seen[key], r.clone())
+	if len(h) > staleReads {
+		h = h[1:]
+	}
+	l.seen[key] = h
+	return h[rand.IntN(len(h))].clone()
+}
+
+// staleReads is how many reads back a stale link's answer may be.
+const staleReads = 4
+
 func (l *simLink) read(ctx context.Context, key string) (record, error) {
-	return send(l, ctx, func(ctx context.Context) (record, error) { return l.st.read(ctx, key) })
+	return send(l, ctx, func(ctx context.Context) (record, error) {
+		r, err := l.st.read(ctx, key)
+		if err != nil || !l.stale {
+			return r, err
+		}
+		return l.lag(key, r), nil
+	})
 }
 
 func (l *simLink) serverTime(ctx context.Context) (time.Time, bool, error) {
@@ -511,7 +530,7 @@ type simClientPlan struct {
 	closeAt time.Duration // Close is called then (0: at the end)
 	cuts    [][2]time.Duration
 	mutexes int  // Mutex (RWMutex, Semaphore) values it locks through (local queue, handoff, shared reads)
-	stale   bool // its watcher's rounds are answered with the records the round before read (simLink.readMany)
+	stale   bool // its reads and its watcher's rounds are answered with the records the read before found (simLink.lag)
 }
 
 // A simMode is the primitive a run locks its key with.

@@ -555,6 +555,18 @@ func (q *queueing) number() int64 {
 	return int64(q.reg.token)
 }
 
+// stale reports whether r, the record as read, is from before the wait's
+// registration (of hold key hk) was numbered: a late read, or a watcher's
+// round. It tells nothing of the queue: its waiters ahead may be too few,
+// and their marks older than those the wait last saw.
+func (q *queueing) stale(r record, hk string) bool {
+	if q.reg == nil {
+		return false
+	}
+	e, ok := r.Waiters[hk]
+	return r.Queue < q.number() || ok && e.Q != q.number()
+}
+
 // asleep reports whether the wait's registration is marked asleep.
 func (q *queueing) asleep() bool { return q.registered() && q.sleep }
 
@@ -651,12 +663,8 @@ func (c *Client) view(cl claim, a attempt, r record, ew *entryWatch, q *queueing
 	e, ok := r.Waiters[a.holdKey()]
 	switch {
 	case q.reg == nil:
-	case r.Queue < q.number() || ok && e.Q != q.number():
-		// A stale view, from before the registration was numbered (a
-		// late read, or a watcher's round): it tells nothing of the
-		// queue, and its waiters ahead may be too few. The wait goes on
-		// with what it saw last.
-		return nil
+	case q.stale(r, a.holdKey()):
+		return nil // the wait goes on with what it saw last
 	case !ok:
 		q.reg.end(ErrReleased, "") // cleared already: nothing to remove
 		*q = queueing{}
