@@ -554,6 +554,7 @@ type simPlan struct {
 	prunes  []simPrune
 	late    int // how late each of the janitor's deletes arrives (simLink.lateDelete)
 	pacer   pacer
+	permits int // simSem: the Semaphore's permits (0: simPermits)
 }
 
 // simPrune is a Prune call by one of the Clients.
@@ -683,6 +684,7 @@ func drawSimPlan(t *rapid.T, drift float64, mode simMode) simPlan {
 // simChecker records what the Clients see and reports the first violation.
 type simChecker struct {
 	mode      simMode
+	permits   int // simSem: the Semaphore's permits
 	mu        sync.Mutex
 	leases    []*simHold           // every hold handed out
 	releasing map[Token]time.Time  // when its holder called Unlock
@@ -843,7 +845,7 @@ func (k *simChecker) fail(format string, args ...any) {
 // valid checks, when client believes it holds l (its Err is nil), that
 // no lease it excludes is valid: the check users make before they act. An
 // exclusive hold excludes every other; a shared hold of an RWMutex every
-// exclusive one; the permits of a Semaphore number at most simPermits.
+// exclusive one; the permits of a Semaphore number at most its n.
 func (k *simChecker) valid(client int, l *Lease) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -860,8 +862,8 @@ func (k *simChecker) valid(client int, l *Lease) {
 // exclusion checks, with k.mu held, that l may be valid beside others.
 func (k *simChecker) exclusion(client int, l *Lease, others []*simHold) {
 	if k.mode == simSem {
-		if len(others)+1 > simPermits {
-			k.fail("client %d holds permit %d while %d others are held (of %d)", client, l.Token(), len(others), simPermits)
+		if len(others)+1 > k.permits {
+			k.fail("client %d holds permit %d while %d others are held (of %d)", client, l.Token(), len(others), k.permits)
 		}
 		return
 	}
@@ -979,7 +981,7 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 		fmt.Printf("=== sim run (mode %d)\n", plan.mode)
 	}
 	synctest.Test(t, func(t *testing.T) {
-		k := &simChecker{life: map[string]chan struct{}{}, mode: plan.mode, releasing: map[Token]time.Time{}, lastWrite: map[string]time.Time{}, queue: map[string]map[string]map[string]bool{}}
+		k := &simChecker{life: map[string]chan struct{}{}, mode: plan.mode, permits: cmp.Or(plan.permits, simPermits), releasing: map[Token]time.Time{}, lastWrite: map[string]time.Time{}, queue: map[string]map[string]map[string]bool{}}
 		st := newMemStore()
 		var writes atomic.Int64
 		st.observe = func(key string, before, after record) {
@@ -1020,7 +1022,7 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 			clients = append(clients, c)
 			mutexes := make([]simLocker, cp.mutexes)
 			for i := range mutexes {
-				mutexes[i] = newSimLocker(c, plan.mode)
+				mutexes[i] = newSimLocker(c, plan)
 			}
 			// Close once; every caller waits on a channel, which (unlike a
 			// sync.Once's mutex) lets the bubble's clock run meanwhile.
@@ -1211,7 +1213,7 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 		ctx, cancel := context.WithTimeout(context.Background(), bound)
 		defer cancel()
 		called := time.Now()
-		if l, err := newSimLocker(probe, plan.mode).lock(ctx, simOp{}); err != nil {
+		if l, err := newSimLocker(probe, plan).lock(ctx, simOp{}); err != nil {
 			r := holder(st, "k") // before k.mu: the store's observe hook takes k.mu with the store's mu held
 			k.mu.Lock()
 			k.fail("the key was not free within %v of everyone leaving: %v (record %+v)", bound, err, r)
@@ -1233,12 +1235,12 @@ type simLocker interface {
 	unlock(ctx context.Context, op simOp, l *Lease) error
 }
 
-func newSimLocker(c *Client, mode simMode) simLocker {
-	switch mode {
+func newSimLocker(c *Client, plan simPlan) simLocker {
+	switch plan.mode {
 	case simRW:
 		return simRWLocker{c.NewRWMutex("k")}
 	case simSem:
-		return simSemLocker{c.NewSemaphore("k", simPermits)}
+		return simSemLocker{c.NewSemaphore("k", cmp.Or(plan.permits, simPermits))}
 	}
 	return simMutexLocker{c.NewMutex("k")}
 }
@@ -1404,6 +1406,44 @@ func calm(p *simPlan) {
 func dozy(p *simPlan) {
 	calm(p)
 	p.pacer = randomPacer{max: 2 * maxSleep(&config{maxBackoff: DefaultMaxBackoff}), plan: true, marks: true}
+}
+
+// lagging: a Semaphore of one permit whose waits queue long behind
+// holds, every Client's reads lagging (simLink.lag), marks at random
+// (dozy), and a third of the requests lost.
+func lagging(p *simPlan) {
+	dozy(p)
+	p.permits = 1
+	for i := range p.clients {
+		c := &p.clients[i]
+		c.stale = true
+		var faults []netFault
+		for j, f := range c.faults {
+			faults = append(faults, f)
+			if j%2 == 0 {
+				faults = append(faults, netFault{lostReq: true})
+			}
+		}
+		c.faults = faults
+		for j := range c.ops {
+			op := &c.ops[j]
+			op.try, op.timeout = false, 3*simClientTTL
+		}
+	}
+}
+
+// TestSimulationStaleExperiment is temporary.
+func TestSimulationStaleExperiment(t *testing.T) {
+	for try := range 8 {
+		start := time.Now()
+		runs, found := catchWithin(t, 3000, func(rt *rapid.T) string {
+			plan := drawSimPlan(rt, MaxClockDrift, simSem)
+			lagging(&plan)
+			found, _ := runSim(t, plan, flawActOnStaleRead, nil)
+			return found
+		})
+		t.Logf("try %d: %d runs (%v): %s", try, runs, time.Since(start).Round(time.Millisecond), found)
+	}
 }
 
 // TestSimulationPacers runs the simulation with each pacer alone.

@@ -61,14 +61,17 @@ type watcher struct {
 	wants  map[string]int // guarded by mu: the keys the next round reads, by how many waits want a view of each
 	next   *round         // guarded by mu: the round they go in, not begun
 	flight *round         // guarded by mu: the round being read, or nil
+	fails  *poller        // guarded by mu: the backoff after rounds that failed in a row, or nil after one that did not
 }
 
 // A round is one read of the keys its waits wanted: done is closed once
-// views holds the view of each, or err the round's error.
+// views holds the view of each, or err the round's error and retry how
+// long its waits wait before they go in the next round.
 type round struct {
 	done  chan struct{}
 	views map[string]*view
 	err   error
+	retry time.Duration
 }
 
 // A view is what a round read of one key: the record (the zero record
@@ -129,6 +132,27 @@ func (w *watcher) begin(key string, rd *round) (wait <-chan struct{}, keys []str
 	return nil, keys
 }
 
+// failed notes a round that failed and returns how long its waits wait
+// before they go in the next one: a backoff that grows over rounds that
+// fail in a row, so that a server in trouble gets one round a backoff,
+// not every wait's own command at once.
+func (w *watcher) failed(cfg *config) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.fails == nil {
+		p := newPoller(cfg.minBackoff, cfg.maxBackoff)
+		w.fails = &p
+	}
+	return w.fails.next()
+}
+
+// succeeded notes a round that did not fail.
+func (w *watcher) succeeded() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.fails = nil
+}
+
 // end ends the round in flight.
 func (w *watcher) end() {
 	w.mu.Lock()
@@ -141,21 +165,21 @@ func (w *watcher) end() {
 // of key that another wait's round reads meanwhile; when it comes due
 // while others want one, it reads the round for them all (after the round
 // in flight, if one is: the waits that come due during a round go in the
-// next). It returns the view, or nil when none came (the wait's next round
-// then goes as planned: alone, or after a failed round), or ctx's error,
-// or ErrClosed.
+// next). A round that fails is retried as a round by all its waits, after
+// the watcher's backoff (watcher.failed): never more than a maximum
+// backoff and its jitter, maxSleep, the least of the caps on a wait's
+// sleep, so a failing server delays no watch by more than a sleep of the
+// wait's own would. It returns the view, or nil when none came (the
+// wait's next round then goes as planned, alone), or ctx's error, or
+// ErrClosed.
 func (c *Client) waitView(ctx context.Context, key string, d, limit time.Duration, w *watch, ew *entryWatch) (*view, error) {
 	rd := c.watcher.want(key)
 	t := c.clock.NewTimer(pollFor(c.clock.Now(), d, limit, w, ew))
-	defer t.Stop()
+	defer func() { t.Stop() }()
 	var wait <-chan struct{}
 	for {
 		select {
 		case <-rd.done:
-			if rd.err != nil {
-				return nil, nil
-			}
-			return rd.views[key], nil
 		case <-t.C:
 		case <-wait:
 		case <-ctx.Done():
@@ -165,19 +189,33 @@ func (c *Client) waitView(ctx context.Context, key string, d, limit time.Duratio
 			c.watcher.drop(key, rd)
 			return nil, ErrClosed
 		}
-		var keys []string
-		if wait, keys = c.watcher.begin(key, rd); wait != nil {
-			continue // rd, or the round in flight, ends first
+		if !isDone(rd.done) {
+			var keys []string
+			if wait, keys = c.watcher.begin(key, rd); wait != nil {
+				continue // rd, or the round in flight, ends first
+			}
+			if keys == nil {
+				return nil, nil // alone: the wait's own round
+			}
+			c.read(ctx, rd, keys)
+			c.watcher.end()
 		}
-		if keys == nil {
-			return nil, nil // alone: the wait's own round
+		if rd.err == nil {
+			return rd.views[key], nil
 		}
-		c.read(ctx, rd, keys)
-		c.watcher.end()
-		if rd.err != nil {
-			return nil, nil
-		}
-		return rd.views[key], nil
+		t.Stop()
+		t = c.clock.NewTimer(rd.retry)
+		rd, wait = c.watcher.want(key), nil
+	}
+}
+
+// isDone reports whether ch is closed.
+func isDone(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -202,8 +240,10 @@ func (c *Client) read(ctx context.Context, rd *round, keys []string) {
 	sent := c.clock.Now()
 	var rs []record
 	if rs, rd.err = c.source.views(ctx, keys); rd.err != nil {
+		rd.retry = c.watcher.failed(&c.cfg)
 		return
 	}
+	c.watcher.succeeded()
 	rd.views = make(map[string]*view, len(keys))
 	for i, k := range keys {
 		rd.views[k] = &view{r: rs[c.viewOf(i, len(keys))], sent: sent}

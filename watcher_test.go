@@ -2,6 +2,7 @@ package dlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -104,5 +105,48 @@ func TestStaleViewLeavesTheQueue(t *testing.T) {
 			assert.Len(t, q.ahead, 2, "%s: a stale view changed the waiters ahead", name)
 			assert.True(t, q.registered(), "%s: a stale view ended the registration", name)
 		}
+	})
+}
+
+// TestWatcherRetriesAFailedRound: while the server fails every round of a
+// Client waiting on many keys, the waits retry the round as a round, after
+// a backoff, rather than each sending its own command at once: with a
+// thousand waits and a server in trouble, that was a burst of a thousand
+// commands into it at every failed round. Each wait still polls alone once
+// its own bounds say it must (pollFor's limit and watches).
+func TestWatcherRetriesAFailedRound(t *testing.T) {
+	const keys = 20
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		st := newMemStore()
+		holder, _ := memClient(t, st)
+		waiter, h := memClient(t, st)
+		holds := make([]*Mutex, keys)
+		for i := range holds {
+			holds[i] = holder.NewMutex(fmt.Sprint("key-", i))
+			require.NoError(t, holds[i].Lock(ctx))
+		}
+		var wg sync.WaitGroup
+		for i := range holds {
+			wg.Go(func() {
+				m := waiter.NewMutex(fmt.Sprint("key-", i))
+				if assert.NoError(t, m.Lock(ctx)) {
+					assert.NoError(t, m.Unlock(ctx))
+				}
+			})
+		}
+		time.Sleep(2 * time.Second)
+		h.on("readMany", func(context.Context, func() error) error { return errors.New("down") })
+		singles, rounds := h.count("acquire")+h.count("read"), h.count("readMany")
+		time.Sleep(2 * time.Second)
+		singles, rounds = h.count("acquire")+h.count("read")-singles, h.count("readMany")-rounds
+		t.Logf("in 2 s of failed rounds: %d rounds, %d commands of single waits", rounds, singles)
+		assert.Less(t, singles, keys, "the waits of failed rounds polled alone")
+		assert.Less(t, rounds, 2*int(time.Second/DefaultMinBackoff), "rounds retried faster than the backoff")
+		h.on("readMany", nil)
+		for _, m := range holds {
+			require.NoError(t, m.Unlock(ctx))
+		}
+		wg.Wait()
 	})
 }
