@@ -5,16 +5,14 @@
 // the holder lives and lapses when it dies, and a fencing token for each
 // hold.
 //
-// Install it from a clone of the repository, where cmd/dlock is a module
-// of its own (so that the library's users do not get the exporters' modules
-// in their build lists):
+// Install it with
 //
-//	go -C cmd/dlock install
+//	go install github.com/dlock-go/dlock/cmd/dlock@latest
 //
-// "go install github.com/dlock-go/dlock/cmd/dlock@VERSION" works only for a
-// version whose cmd/dlock/go.mod has no replace directive: the go command
-// refuses one, and the development go.mod replaces the library with the
-// clone's (../..).
+// cmd/dlock is a module of its own, so that the library's users do not get
+// the exporters' modules in their build lists. Its go.mod requires the
+// library by version; in a clone, cmd/dlock/go.work builds it with the
+// library as checked out instead ("go -C cmd/dlock install").
 //
 // Usage:
 //

@@ -2,10 +2,8 @@ module github.com/dlock-go/dlock/cmd/dlock
 
 go 1.26.0
 
-replace github.com/dlock-go/dlock => ../..
-
 require (
-	github.com/dlock-go/dlock v0.0.0
+	github.com/dlock-go/dlock v0.0.0-20261128002116-4093c3295639
 	github.com/go-logr/logr v1.4.4
 	github.com/stretchr/testify v1.12.1
 	go.mongodb.org/mongo-driver/v2 v2.10.0
