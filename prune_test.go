@@ -586,3 +586,20 @@ func TestPruneIndexRefused(t *testing.T) {
 	assert.Len(t, indexRequests(coll), asked+1, "a refused index is not asked for again")
 	assert.Equal(t, `{"owner": {"$numberInt":"1"}}`, indexes(t, coll)[pruneIndexName].Lookup("key").String(), "the other index stays")
 }
+
+// TestFloorRaise: the floor only rises, from no floor document, past a
+// lower floor and not past a higher one; and its upsert's filter is never
+// the floor's _id alone, which FerretDB v2 (DocumentDB 0.107) runs as an
+// insert that replaces a floor created meanwhile, perhaps a higher one.
+func TestFloorRaise(t *testing.T) {
+	ctx := context.Background()
+	s := newMongoStore(newColl(t), func(context.Context, int) {})
+	for _, step := range []struct{ raise, want Token }{{5, 5}, {3, 5}, {5, 5}, {8, 8}} {
+		require.NoError(t, s.maxFloor(ctx, step.raise))
+		f, err := s.floor(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, step.want, f, "after a raise to %d", step.raise)
+	}
+	filter, _ := floorRaise(9)
+	assert.Greater(t, len(filter), 1, "the floor's upsert filtered on its _id alone: %v", filter)
+}

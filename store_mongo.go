@@ -1046,21 +1046,35 @@ func (s *mongoStore) raiseFloor(ctx context.Context, t Token) error {
 }
 
 // maxFloor raises the floor document to at least t, creating it if need be.
+//
+// The upsert's filter matches only a floor below t, never the floor's _id
+// alone: FerretDB v2 (DocumentDB 0.107) runs an upsert filtered on _id
+// alone as an insert that, when the _id exists by then, replaces the
+// document with no error, and so could put a racing raise's higher floor
+// back down, and a pruned key then repeat tokens. With the condition, a
+// raise that finds the floor at t or above, or created meanwhile, fails
+// to insert with a duplicate key, as on every server; it then raises the
+// floor that exists, by a plain update, which matches nothing when the
+// floor is at t already.
 func (s *mongoStore) maxFloor(ctx context.Context, t Token) error {
-	filter := bson.D{{Key: "_id", Value: floorID}}
-	update := bson.D{{Key: "$max", Value: bson.D{{Key: fFloor, Value: int64(t)}}}}
-	for try := 0; ; try++ {
+	filter, update := floorRaise(t)
+	s.counted(ctx, 1)
+	_, err := s.coll.UpdateOne(ctx, filter, update, options.UpdateOne().SetUpsert(true))
+	if duplicateKey(err) {
 		s.counted(ctx, 1)
-		_, err := s.coll.UpdateOne(ctx, filter, update, options.UpdateOne().SetUpsert(true))
-		switch {
-		case err == nil:
-			return nil
-		case duplicateKey(err) && try == 0:
-			// Two first raises raced to insert the floor: it exists now.
-		default:
-			return failed(err, "dlock: raise the floor")
-		}
+		_, err = s.coll.UpdateOne(ctx, filter, update)
 	}
+	if err != nil {
+		return failed(err, "dlock: raise the floor")
+	}
+	return nil
+}
+
+// floorRaise is the filter and update that raise the floor to t: they
+// match a floor document below t (or with none).
+func floorRaise(t Token) (filter, update bson.D) {
+	filter = bson.D{{Key: "_id", Value: floorID}, {Key: fFloor, Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gte", Value: int64(t)}}}}}}
+	return filter, bson.D{{Key: "$max", Value: bson.D{{Key: fFloor, Value: int64(t)}}}}
 }
 
 // prunable matches a record that Prune may delete (record.prunable).
