@@ -91,9 +91,12 @@ func (m *Mutex) Lock(ctx context.Context) error {
 // which). It never queues, and fails while any waiter is registered in the
 // key's document ([Client.Holders] names them); a crashed waiter's
 // registration blocks it until a waiter behind it clears it, or until no
-// registration was extended for its TTL by the server's clock, when
-// TryLock clears them all itself (two commands more) and tries once more:
-// so within two TTLs of the waiter's crash. An uncontended TryLock is one command; one that finds the key
+// registration was extended for its TTL (two of the Mutex's) by the
+// server's clock, when TryLock clears them all itself (two commands more)
+// and tries once more: so two TTLs after the key's document was last
+// written (any write stamps it: a holder's extension too, so a crashed
+// waiter behind a live hold blocks TryLock until two TTLs after that
+// hold's last write). An uncontended TryLock is one command; one that finds the key
 // held reads the document to tell a hold this Client abandoned, which it
 // takes over, and, with [WithServerClockTakeover], one abandoned more
 // than a TTL ago by the server's clock. Like Lock, it gives a lost lease of

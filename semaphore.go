@@ -79,7 +79,13 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Lease, error) {
 }
 
 // TryAcquire makes one attempt to take a permit and returns an error
-// matching [ErrLocked] when all n are held. It costs one command when the
+// matching [ErrLocked] when all n are held, or while any waiter is
+// registered in the key's queue, whatever number of permits is free: it
+// never passes the queue ([Client.Holders] names the waiters). A crashed
+// waiter's registration blocks it until a waiting Acquire clears it, or
+// until no registration was extended for its TTL (two of the Semaphore's)
+// by the server's clock, when TryAcquire clears them itself (two commands
+// more) and tries once more. It costs one command when the
 // Semaphore knows the key's token counter from an earlier call, and two
 // (a read, then the acquire) otherwise.
 func (s *Semaphore) TryAcquire(ctx context.Context) (*Lease, error) {

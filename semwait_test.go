@@ -183,3 +183,46 @@ func TestSemaphoreStaleReadPassesNoOne(t *testing.T) {
 		w.unregister(x.q.reg)
 	})
 }
+
+// TestTryAcquireBehindACrashedWaiter: a TryAcquire fails with ErrLocked
+// while a waiter is registered, whatever number of permits is free, and a
+// crashed waiter's registration stops blocking it two TTLs after the
+// key's document was last written (its registration's TTL, by the
+// server's clock), as the docs of TryAcquire and TryLock say.
+func TestTryAcquireBehindACrashedWaiter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = time.Second
+		ctx := context.Background()
+		st := newMemStore()
+		h, _ := memClient(t, st, WithTTL(ttl))
+		s := h.NewSemaphore("s", 2)
+		p1, err := s.Acquire(ctx)
+		require.NoError(t, err)
+		p2, err := s.Acquire(ctx)
+		require.NoError(t, err)
+		link := &memLink{memStore: st}
+		w, err := newClientOn(func(*telemetry) store { return link }, WithTTL(ttl))
+		require.NoError(t, err)
+		defer w.Close(ctx)
+		waiting, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go w.NewSemaphore("s", 2).Acquire(waiting)
+		synctest.Wait()
+		require.Len(t, holder(st, "s").Waiters, 1, "the waiter registered")
+		link.down.Store(true) // it crashes: nothing it sends lands from now on
+		require.NoError(t, p1.Release(ctx))
+		require.NoError(t, p2.Release(ctx))
+		written := time.Now() // the document's last write
+
+		try := h.NewSemaphore("s", 2)
+		_, err = try.TryAcquire(ctx)
+		assert.ErrorIs(t, err, ErrLocked, "0 of 2 permits held, a waiter registered")
+		time.Sleep(written.Add(2 * ttl).Sub(time.Now()))
+		_, err = try.TryAcquire(ctx)
+		assert.ErrorIs(t, err, ErrLocked, "at two TTLs after the last write")
+		time.Sleep(2 * serverClockResolution)
+		l, err := try.TryAcquire(ctx)
+		require.NoError(t, err, "past two TTLs after the last write")
+		require.NoError(t, l.Release(ctx))
+	})
+}

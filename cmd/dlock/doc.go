@@ -133,8 +133,9 @@
 // or, when nobody holds KEY, "KEY" is free. A waiter registered in KEY's
 // queue gets a line "waiting owner OWNER" after the holds: while one is
 // registered, run -try fails on KEY even when nobody holds it, until the
-// waiter takes it or, once its process stopped, a try clears it (a TTL
-// after its last extension). With -json it prints one object instead:
+// waiter takes it or, once its process stopped, a try clears it (two
+// TTLs after KEY's document was last written: a registration lasts two
+// TTLs). With -json it prints one object instead:
 //
 //	{"key": "scheduler", "free": false, "holders": [{"owner": "web3/...",
 //	 "token": 7, "shared": false, "data": "web3:8080"}]}

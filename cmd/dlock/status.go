@@ -27,8 +27,8 @@ Text output is one line per hold, in token order:
 
 or, when nobody holds KEY, one line: "KEY" is free. A waiter registered
 in KEY's queue gets a line "waiting owner OWNER": while one is, run -try
-fails on KEY (until the waiter takes it, or a TTL after its process
-stopped). With -json, one object: {"key": KEY, "free": bool, "holders":
+fails on KEY (until the waiter takes it, or, once its process stopped,
+two TTLs after KEY's document was last written). With -json, one object: {"key": KEY, "free": bool, "holders":
 [{"owner", "token", "shared", "data", "trace_id", "span_id", "waiting"}]},
 data as a string (or "data_base64" when it is not UTF-8), and the ids in
 hex; each omitted when the hold has none; waiting true for a registered
