@@ -1235,3 +1235,45 @@ func holdKeyOf(st *memStore, owner string) string {
 	}
 	return ""
 }
+
+// TestSecondInLineAfterAShortHold: a waiter second in line behind a long
+// hold sleeps by what it last saw, an eighth of that hold's age, so it may
+// take the key well after the short hold that follows ends, but never more
+// than a quarter TTL after: the bound docs/fairness.md states (an eighth
+// of how long the key had stood still when the waiter last read it, at
+// most TTL/4), not an eighth of the hold that just ended.
+func TestSecondInLineAfterAShortHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		st := newMemStore()
+		h, _ := memClient(t, st)
+		first, _ := memClient(t, st)
+		second, _ := memClient(t, st)
+		long := h.NewMutex("k")
+		require.NoError(t, long.Lock(ctx))
+		freed := make(chan time.Time, 1)
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			m := first.NewMutex("k")
+			if assert.NoError(t, m.Lock(ctx)) {
+				time.Sleep(10 * time.Millisecond)
+				assert.NoError(t, m.Unlock(ctx))
+				freed <- time.Now()
+			}
+		})
+		time.Sleep(time.Second) // first, then second, in line
+		var late time.Duration
+		wg.Go(func() {
+			m := second.NewMutex("k")
+			if assert.NoError(t, m.Lock(ctx)) {
+				late = time.Since(<-freed)
+				assert.NoError(t, m.Unlock(ctx))
+			}
+		})
+		time.Sleep(DefaultTTL)
+		require.NoError(t, long.Unlock(ctx))
+		wg.Wait()
+		t.Logf("the second in line took the key %v after the 10 ms hold ended", late)
+		assert.LessOrEqual(t, late, DefaultTTL/4, "later than a quarter TTL")
+	})
+}
