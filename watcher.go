@@ -240,7 +240,9 @@ func (c *Client) read(ctx context.Context, rd *round, keys []string) {
 	sent := c.clock.Now()
 	var rs []record
 	if rs, rd.err = c.source.views(ctx, keys); rd.err != nil {
-		rd.retry = c.watcher.failed(&c.cfg)
+		if ctx.Err() == nil { // not the reading wait's own end: the server's failure
+			rd.retry = c.watcher.failed(&c.cfg)
+		}
 		return
 	}
 	c.watcher.succeeded()
