@@ -231,33 +231,6 @@ func (l *simLink) acquire(ctx context.Context, a attempt, takeover stamp) (recor
 		var err error
 		l.st.mu.Lock()
 		before, found := l.st.records[a.key]
-		expMu.Lock()
-		expCount[fmt.Sprint("shared=", a.shared, " reg=", a.registered, " found=", found)]++
-		expMu.Unlock()
-		if a.shared && a.registered && found {
-			awake := 0
-			if e, ok := before.Waiters[a.holdKey()]; ok {
-				for hk, w := range before.Waiters {
-					if w.Q < e.Q && !w.Sleep {
-						if _, named := a.ahead[hk]; !named {
-							awake++
-						}
-					}
-				}
-			}
-			if awake > a.passing {
-				expMu.Lock()
-				expCount["passesUnnamed"]++
-				if before.Token != a.token {
-					expCount["tokenMoved"]++
-				} else if len(before.Shared)+a.passing >= a.limit {
-					expCount["full"]++
-				} else {
-					expCount["wouldApply"]++
-				}
-				expMu.Unlock()
-			}
-		}
 		l.st.mu.Unlock()
 		if l.sharedJoinsRaw && a.shared {
 			r, err = l.joinRaw(a)
@@ -370,16 +343,10 @@ func (l *simLink) abandon(ctx context.Context, a attempt) error {
 }
 
 func (l *simLink) mark(ctx context.Context, ref leaseRef, sleep bool) (record, error) {
-	expMu.Lock()
-	expCount[fmt.Sprint("mark sleep=", sleep)]++
-	expMu.Unlock()
 	return send(l, ctx, func(ctx context.Context) (record, error) { return l.st.mark(ctx, ref, sleep) })
 }
 
 func (l *simLink) register(ctx context.Context, a attempt) (record, error) {
-	expMu.Lock()
-	expCount["register"]++
-	expMu.Unlock()
 	return send(l, ctx, func(ctx context.Context) (record, error) { return l.st.register(ctx, a) })
 }
 
@@ -480,9 +447,6 @@ func (l *simLink) current(key, owner string) record {
 }
 
 func (l *simLink) readMany(ctx context.Context, keys []string) ([]record, error) {
-	expMu.Lock()
-	expCount["readMany"]++
-	expMu.Unlock()
 	l.k.mu.Lock()
 	l.k.rounds++
 	if len(keys) > 1 {
@@ -522,9 +486,6 @@ func (l *simLink) lag(key string, r record) record {
 const staleReads = 4
 
 func (l *simLink) read(ctx context.Context, key string) (record, error) {
-	expMu.Lock()
-	expCount["read"]++
-	expMu.Unlock()
 	return send(l, ctx, func(ctx context.Context) (record, error) {
 		r, err := l.st.read(ctx, key)
 		if err != nil || !l.stale {
@@ -593,7 +554,6 @@ type simPlan struct {
 	prunes  []simPrune
 	late    int // how late each of the janitor's deletes arrives (simLink.lateDelete)
 	pacer   pacer
-	permits int // simSem: the Semaphore's permits (0: simPermits)
 }
 
 // simPrune is a Prune call by one of the Clients.
@@ -723,7 +683,6 @@ func drawSimPlan(t *rapid.T, drift float64, mode simMode) simPlan {
 // simChecker records what the Clients see and reports the first violation.
 type simChecker struct {
 	mode      simMode
-	permits   int // simSem: the Semaphore's permits
 	mu        sync.Mutex
 	leases    []*simHold           // every hold handed out
 	releasing map[Token]time.Time  // when its holder called Unlock
@@ -884,7 +843,7 @@ func (k *simChecker) fail(format string, args ...any) {
 // valid checks, when client believes it holds l (its Err is nil), that
 // no lease it excludes is valid: the check users make before they act. An
 // exclusive hold excludes every other; a shared hold of an RWMutex every
-// exclusive one; the permits of a Semaphore number at most its n.
+// exclusive one; the permits of a Semaphore number at most simPermits.
 func (k *simChecker) valid(client int, l *Lease) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -901,8 +860,8 @@ func (k *simChecker) valid(client int, l *Lease) {
 // exclusion checks, with k.mu held, that l may be valid beside others.
 func (k *simChecker) exclusion(client int, l *Lease, others []*simHold) {
 	if k.mode == simSem {
-		if len(others)+1 > k.permits {
-			k.fail("client %d holds permit %d while %d others are held (of %d)", client, l.Token(), len(others), k.permits)
+		if len(others)+1 > simPermits {
+			k.fail("client %d holds permit %d while %d others are held (of %d)", client, l.Token(), len(others), simPermits)
 		}
 		return
 	}
@@ -1020,7 +979,7 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 		fmt.Printf("=== sim run (mode %d)\n", plan.mode)
 	}
 	synctest.Test(t, func(t *testing.T) {
-		k := &simChecker{life: map[string]chan struct{}{}, mode: plan.mode, permits: cmp.Or(plan.permits, simPermits), releasing: map[Token]time.Time{}, lastWrite: map[string]time.Time{}, queue: map[string]map[string]map[string]bool{}}
+		k := &simChecker{life: map[string]chan struct{}{}, mode: plan.mode, releasing: map[Token]time.Time{}, lastWrite: map[string]time.Time{}, queue: map[string]map[string]map[string]bool{}}
 		st := newMemStore()
 		var writes atomic.Int64
 		st.observe = func(key string, before, after record) {
@@ -1061,7 +1020,7 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 			clients = append(clients, c)
 			mutexes := make([]simLocker, cp.mutexes)
 			for i := range mutexes {
-				mutexes[i] = newSimLocker(c, plan)
+				mutexes[i] = newSimLocker(c, plan.mode)
 			}
 			// Close once; every caller waits on a channel, which (unlike a
 			// sync.Once's mutex) lets the bubble's clock run meanwhile.
@@ -1252,7 +1211,7 @@ func runSim(t *testing.T, plan simPlan, f flaw, storeFlaw func(*simLink)) (failu
 		ctx, cancel := context.WithTimeout(context.Background(), bound)
 		defer cancel()
 		called := time.Now()
-		if l, err := newSimLocker(probe, plan).lock(ctx, simOp{}); err != nil {
+		if l, err := newSimLocker(probe, plan.mode).lock(ctx, simOp{}); err != nil {
 			r := holder(st, "k") // before k.mu: the store's observe hook takes k.mu with the store's mu held
 			k.mu.Lock()
 			k.fail("the key was not free within %v of everyone leaving: %v (record %+v)", bound, err, r)
@@ -1274,12 +1233,12 @@ type simLocker interface {
 	unlock(ctx context.Context, op simOp, l *Lease) error
 }
 
-func newSimLocker(c *Client, plan simPlan) simLocker {
-	switch plan.mode {
+func newSimLocker(c *Client, mode simMode) simLocker {
+	switch mode {
 	case simRW:
 		return simRWLocker{c.NewRWMutex("k")}
 	case simSem:
-		return simSemLocker{c.NewSemaphore("k", cmp.Or(plan.permits, simPermits))}
+		return simSemLocker{c.NewSemaphore("k", simPermits)}
 	}
 	return simMutexLocker{c.NewMutex("k")}
 }
@@ -1445,46 +1404,6 @@ func calm(p *simPlan) {
 func dozy(p *simPlan) {
 	calm(p)
 	p.pacer = randomPacer{max: 2 * maxSleep(&config{maxBackoff: DefaultMaxBackoff}), plan: true, marks: true}
-}
-
-// lagging: a Semaphore of one permit whose waits queue long behind
-// holds, every Client's reads lagging (simLink.lag), marks at random
-// (dozy), and a third of the requests lost.
-func lagging(p *simPlan) {
-	dozy(p)
-	p.permits = 1
-	for i := range p.clients {
-		c := &p.clients[i]
-		c.stale = true
-		c.mutexes = 3
-		for j := range c.ops {
-			op := &c.ops[j]
-			op.try, op.timeout = false, 3*simClientTTL
-			op.gap = min(op.gap, 100*time.Millisecond)
-			op.hold = min(op.hold, time.Second)
-		}
-	}
-}
-
-var expMu sync.Mutex
-var expCount = map[string]int{}
-
-// TestSimulationStaleExperiment is temporary.
-func TestSimulationStaleExperiment(t *testing.T) {
-	for try := range 1 {
-		start := time.Now()
-		runs, found := catchWithin(t, 500, func(rt *rapid.T) string {
-			plan := drawSimPlan(rt, MaxClockDrift, simSem)
-			lagging(&plan)
-			found, st := runSim(t, plan, flawActOnStaleRead, nil)
-			expMu.Lock()
-			expCount["holds"] += st.holds
-			expCount["simulatedSec"] += int(st.simulated.Seconds())
-			expMu.Unlock()
-			return found
-		})
-		t.Logf("try %d: %d runs (%v): %s %v", try, runs, time.Since(start).Round(time.Millisecond), found, expCount)
-	}
 }
 
 // TestSimulationPacers runs the simulation with each pacer alone.
