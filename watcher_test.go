@@ -30,24 +30,8 @@ func TestWatcherSharesReads(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				ctx := context.Background()
-				st := newMemStore()
-				holder, _ := memClient(t, st)
-				waiter, h := memClient(t, st, tc.opts...)
-				holds := make([]*Mutex, keys)
-				for i := range holds {
-					holds[i] = holder.NewMutex(fmt.Sprint("key-", i))
-					require.NoError(t, holds[i].Lock(ctx))
-				}
-				var wg sync.WaitGroup
-				for i := range holds {
-					wg.Go(func() {
-						m := waiter.NewMutex(fmt.Sprint("key-", i))
-						if assert.NoError(t, m.Lock(ctx)) {
-							assert.NoError(t, m.Unlock(ctx))
-						}
-					})
-				}
+				h, release := waitOnHeldKeys(t, keys, tc.opts...)
+				defer release()
 				time.Sleep(2 * time.Second)
 				acquires, reads, rounds := h.count("acquire"), h.count("read"), h.count("readMany")
 				time.Sleep(10 * time.Second)
@@ -59,10 +43,6 @@ func TestWatcherSharesReads(t *testing.T) {
 				} else {
 					assert.Greater(t, acquires+reads, keys*5, "the waits polled less than the age rule says, alone")
 				}
-				for _, m := range holds {
-					require.NoError(t, m.Unlock(ctx))
-				}
-				wg.Wait()
 			})
 		})
 	}
@@ -117,24 +97,8 @@ func TestStaleViewLeavesTheQueue(t *testing.T) {
 func TestWatcherRetriesAFailedRound(t *testing.T) {
 	const keys = 20
 	synctest.Test(t, func(t *testing.T) {
-		ctx := context.Background()
-		st := newMemStore()
-		holder, _ := memClient(t, st)
-		waiter, h := memClient(t, st)
-		holds := make([]*Mutex, keys)
-		for i := range holds {
-			holds[i] = holder.NewMutex(fmt.Sprint("key-", i))
-			require.NoError(t, holds[i].Lock(ctx))
-		}
-		var wg sync.WaitGroup
-		for i := range holds {
-			wg.Go(func() {
-				m := waiter.NewMutex(fmt.Sprint("key-", i))
-				if assert.NoError(t, m.Lock(ctx)) {
-					assert.NoError(t, m.Unlock(ctx))
-				}
-			})
-		}
+		h, release := waitOnHeldKeys(t, keys)
+		defer release()
 		time.Sleep(2 * time.Second)
 		h.on("readMany", func(context.Context, func() error) error { return errors.New("down") })
 		singles, rounds := h.count("acquire")+h.count("read"), h.count("readMany")
@@ -144,9 +108,36 @@ func TestWatcherRetriesAFailedRound(t *testing.T) {
 		assert.Less(t, singles, keys, "the waits of failed rounds polled alone")
 		assert.Less(t, rounds, 2*int(time.Second/DefaultMinBackoff), "rounds retried faster than the backoff")
 		h.on("readMany", nil)
+	})
+}
+
+// waitOnHeldKeys has one Client hold keys keys and another, made with
+// opts, wait on each of them in a goroutine of its own, in a synctest
+// bubble. It returns the waiting Client's store hooks, and release, which
+// frees the keys and waits for each wait to take its key and free it.
+func waitOnHeldKeys(t *testing.T, keys int, opts ...Option) (h *hooked, release func()) {
+	ctx := context.Background()
+	st := newMemStore()
+	holder, _ := memClient(t, st)
+	waiter, h := memClient(t, st, opts...)
+	holds := make([]*Mutex, keys)
+	for i := range holds {
+		holds[i] = holder.NewMutex(fmt.Sprint("key-", i))
+		require.NoError(t, holds[i].Lock(ctx))
+	}
+	var wg sync.WaitGroup
+	for i := range holds {
+		wg.Go(func() {
+			m := waiter.NewMutex(fmt.Sprint("key-", i))
+			if assert.NoError(t, m.Lock(ctx)) {
+				assert.NoError(t, m.Unlock(ctx))
+			}
+		})
+	}
+	return h, func() {
 		for _, m := range holds {
 			require.NoError(t, m.Unlock(ctx))
 		}
 		wg.Wait()
-	})
+	}
 }
