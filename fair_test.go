@@ -414,16 +414,27 @@ func TestCrashedWaiterOnServer(t *testing.T) {
 		}
 		return owners
 	}
+	// numbered: n registrations, each past its second write (a pending
+	// one has number 0, and sorts first).
+	numbered := func(n int) bool {
+		ws := read().Waiters
+		for _, e := range ws {
+			if e.Q == 0 {
+				return false
+			}
+		}
+		return len(ws) == n
+	}
 
 	bctx, bcancel := context.WithCancel(ctx)
 	defer bcancel()
 	bErr := make(chan error, 1)
 	go func() { bErr <- b.NewMutex("k").Lock(bctx) }()
-	require.Eventually(t, func() bool { return len(queued()) == 1 }, 5*time.Second, 5*time.Millisecond, "b registers")
+	require.Eventually(t, func() bool { return numbered(1) }, 5*time.Second, 5*time.Millisecond, "b registers")
 	mc := c.NewMutex("k")
 	cErr := make(chan error, 1)
 	go func() { cErr <- mc.Lock(ctx) }()
-	require.Eventually(t, func() bool { return len(queued()) == 2 }, 5*time.Second, 5*time.Millisecond, "c registers")
+	require.Eventually(t, func() bool { return numbered(2) }, 5*time.Second, 5*time.Millisecond, "c registers")
 	require.Equal(t, []string{b.owner, c.owner}, queued(), "b, then c, queued")
 	var stored string
 	for hk, e := range read().Waiters {
