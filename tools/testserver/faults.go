@@ -10,7 +10,7 @@ import (
 // faultState holds the faults a test asked for, by namespace ("" for
 // every stream); guarded by streams.mu.
 type faultState struct {
-	failures map[string][]bson.Raw     // the replies of the next getMores
+	failures map[string][]bson.Raw    // the replies of the next getMores
 	delays   map[string]time.Duration // how long events are held back
 }
 

@@ -198,10 +198,10 @@ func encodeReply(responseTo int32, doc bson.Raw) []byte {
 	b := make([]byte, headerLen, headerLen+20+len(doc))
 	binary.LittleEndian.PutUint32(b[8:], uint32(responseTo))
 	binary.LittleEndian.PutUint32(b[12:], opReply)
-	b = binary.LittleEndian.AppendUint32(b, 0)    // responseFlags
-	b = binary.LittleEndian.AppendUint64(b, 0)    // cursorID
-	b = binary.LittleEndian.AppendUint32(b, 0)    // startingFrom
-	b = binary.LittleEndian.AppendUint32(b, 1)    // numberReturned
+	b = binary.LittleEndian.AppendUint32(b, 0) // responseFlags
+	b = binary.LittleEndian.AppendUint64(b, 0) // cursorID
+	b = binary.LittleEndian.AppendUint32(b, 0) // startingFrom
+	b = binary.LittleEndian.AppendUint32(b, 1) // numberReturned
 	b = append(b, doc...)
 	binary.LittleEndian.PutUint32(b, uint32(len(b)))
 	return b
