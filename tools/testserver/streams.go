@@ -30,6 +30,8 @@ type streams struct {
 	cursors map[int64]*cursor // guarded by mu; added by open, removed by kill
 	nextID  int64             // guarded by mu; the last cursor id handed out
 	faults  faultState        // guarded by mu
+	// failPoint is the failCommand fail point, nil when off; guarded by mu.
+	failPoint *failPoint
 }
 
 // clientConn stands for one client connection, which owns the cursors it
@@ -123,7 +125,12 @@ func commandName(body bson.Raw) (string, error) {
 
 // command answers one OP_MSG command with its reply document.
 func (st *streams) command(c *clientConn, backend net.Conn, name string, m *msg) (bson.Raw, error) {
+	if reply, err := st.trip(name); reply != nil || err != nil {
+		return reply, err
+	}
 	switch {
+	case name == "configureFailPoint":
+		return st.configureFailPoint(m.body), nil
 	case isHello(name):
 		reply, err := st.forward(backend, m)
 		if err != nil {
