@@ -41,9 +41,13 @@ type cursor struct {
 func (c *cursor) kill() { c.killOnce.Do(func() { close(c.killed) }) }
 
 // wants reports whether an event is the stream's: its collection, its
-// database, or, for a cluster stream, any.
+// database, or, for a cluster stream, any but the admin, config and local
+// databases'.
 func (c *cursor) wants(e *event) bool {
-	return c.db == "" || e.db == c.db && (c.coll == "" || e.coll == c.coll)
+	if c.db == "" {
+		return e.db != "admin" && e.db != "config" && e.db != "local"
+	}
+	return e.db == c.db && (c.coll == "" || e.coll == c.coll)
 }
 
 func isChangeStream(body bson.Raw) bool {
@@ -190,11 +194,16 @@ func (st *streams) checkHistory(cur *cursor) bson.Raw {
 	return nil
 }
 
+// nonResumable is the label MongoDB puts on the change stream errors in
+// its NonResumableChangeStreamError category (error_codes.yml).
+const nonResumable = "NonResumableChangeStreamError"
+
 // historyLost is MongoDB's answer to a stream that asks for events the
-// oplog no longer holds; the driver does not resume on it.
+// oplog no longer holds (as a production server answers it, label
+// included); the driver does not resume on it.
 func historyLost() bson.Raw {
 	return errorReply(codeChangeStreamHistory, "ChangeStreamHistoryLost",
-		"Resume of change stream was not possible, as the resume point may no longer be in the oplog.")
+		"Resume of change stream was not possible, as the resume point may no longer be in the oplog.", nonResumable)
 }
 
 func cursorReply(cur *cursor, batchName string, batch bson.A) bson.Raw {
@@ -303,7 +312,7 @@ func (st *streams) collect(cur *cursor, limit int64) (batch bson.A, held time.Ti
 		}
 		out, ok, err := st.pass(cur, e)
 		if err != nil {
-			return nil, held, changed, errorReply(codeChangeStreamFatal, "ChangeStreamFatalError", err.Error())
+			return nil, held, changed, errorReply(codeChangeStreamFatal, "ChangeStreamFatalError", err.Error(), nonResumable)
 		}
 		cur.pos = e.at
 		if ok {

@@ -279,3 +279,42 @@ func isHistoryLost(err error) bool {
 	var ce mongo.CommandError
 	return errors.As(err, &ce) && ce.Code == 286 && ce.Name == "ChangeStreamHistoryLost"
 }
+
+// A stream survives every connection being dropped (its cursor goes with
+// its connection), and sees events held back by a delay only once it has
+// passed.
+func TestChangeStreamDropAndDelay(t *testing.T) {
+	srv, c, count := csServer(t, 0)
+	ctx := testCtx(t)
+	coll := c.Database("cs").Collection("drop")
+	cs, err := coll.Watch(ctx, mongo.Pipeline{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close(ctx)
+	for i := 1; i <= 3; i++ {
+		if i == 2 {
+			if err := srv.DropConnections(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i == 3 {
+			if err := srv.DelayChangeEvents("cs.drop", 300*time.Millisecond); err != nil {
+				t.Fatal(err)
+			}
+		}
+		start := time.Now()
+		if _, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: i}}); err != nil {
+			t.Fatal(err)
+		}
+		if ev := next(t, ctx, cs); ev.Lookup("documentKey", "_id").AsInt64() != int64(i) {
+			t.Fatalf("want the insert of %d, got %v", i, ev)
+		}
+		if i == 3 && time.Since(start) < 300*time.Millisecond {
+			t.Fatalf("an event delayed by 300ms came after %v", time.Since(start))
+		}
+	}
+	if got := count("aggregate"); got != 2 {
+		t.Fatalf("%d aggregates, want 2: the first, and the resume after the drop", got)
+	}
+}

@@ -241,10 +241,8 @@ func (st *streams) legacyHello(backend net.Conn, req []byte) ([]byte, error) {
 const (
 	codeInternalError       = 1
 	codeBadValue            = 2
-	codeFailedToParse       = 9
 	codeIllegalOperation    = 20
 	codeCursorNotFound      = 43
-	codeNoMatchingDocument  = 47
 	codeNotImplemented      = 238
 	codeInvalidResumeToken  = 260
 	codeChangeStreamFatal   = 280
@@ -266,12 +264,15 @@ func errorReply(code int32, codeName, errmsg string, labels ...string) bson.Raw 
 	return b
 }
 
-// errReply answers err: an errUnsupported as NotImplemented, the rest as
-// BadValue.
+// errReply answers err: an errUnsupported as NotImplemented, a resume
+// from an invalidate as InvalidResumeToken, the rest as BadValue.
 func errReply(err error) bson.Raw {
 	var u errUnsupported
 	if errors.As(err, &u) {
 		return errorReply(codeNotImplemented, "NotImplemented", err.Error())
+	}
+	if errors.Is(err, errInvalidate) {
+		return errorReply(codeInvalidResumeToken, "InvalidResumeToken", err.Error())
 	}
 	return errorReply(codeBadValue, "BadValue", err.Error())
 }
