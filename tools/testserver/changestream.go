@@ -185,7 +185,7 @@ func (st *streams) startPosition(cur *cursor, spec bson.Raw) (bson.Timestamp, er
 }
 
 // errInvalidate answers a resumeAfter that names an invalidate event.
-var errInvalidate = errors.New("Attempting to resume a change stream using 'resumeAfter' is not allowed from an invalidate notification")
+var errInvalidate = errors.New("testserver: attempting to resume a change stream using 'resumeAfter' is not allowed from an invalidate notification")
 
 func (st *streams) checkHistory(cur *cursor) bson.Raw {
 	if _, _, _, _, err := st.hist.since(cur.pos, time.Now()); err != nil {
@@ -333,7 +333,7 @@ func (st *streams) collect(cur *cursor, limit int64) (batch bson.A, held time.Ti
 // pass shapes an event for the cursor and runs it through the stages.
 func (st *streams) pass(cur *cursor, e *event) (bson.Raw, bool, error) {
 	if cur.mode == fullRequired && e.op == "update" {
-		return nil, false, errors.New(errPostImageAbsent)
+		return nil, false, errors.New("testserver: " + errPostImageAbsent)
 	}
 	d, err := e.shape(cur.mode, st.lookup)
 	if err != nil {
@@ -352,7 +352,7 @@ func (st *streams) pass(cur *cursor, e *event) (bson.Raw, bool, error) {
 		}
 	}
 	if v, err := out.LookupErr("_id"); err != nil || !v.Equal(id) {
-		return nil, false, errors.New("Encountered an event whose _id field, which contains the resume token, was modified by the pipeline")
+		return nil, false, errors.New("testserver: encountered an event whose _id field, which contains the resume token, was modified by the pipeline")
 	}
 	return out, true, nil
 }
