@@ -145,7 +145,7 @@ func (c *capturer) statements(ctx context.Context, cl *mongo.Collection, m *msg,
 	}
 	was, err := matching(ctx, cl, filters)
 	if err != nil {
-		return nil, err
+		return forward(m) // a filter the backend rejects: so will the write
 	}
 	reply, err := forward(m)
 	if err != nil {
@@ -173,7 +173,7 @@ func (c *capturer) findAndModify(ctx context.Context, cl *mongo.Collection, m *m
 	}
 	was, err := matching(ctx, cl, []bson.Raw{q})
 	if err != nil {
-		return nil, err
+		return forward(m) // a filter the backend rejects: so will the write
 	}
 	reply, err := forward(m)
 	if err != nil {
@@ -303,8 +303,12 @@ func matching(ctx context.Context, cl *mongo.Collection, filters []bson.Raw) ([]
 		}
 		or[i] = f
 	}
+	var filter any = bson.D{{Key: "$or", Value: or}}
+	if len(filters) == 1 {
+		filter = or[0] // as the write reads it: FerretDB v1 uses its _id index only for {_id: ...}
+	}
 	var docs []bson.Raw
-	cur, err := cl.Find(ctx, bson.D{{Key: "$or", Value: or}})
+	cur, err := cl.Find(ctx, filter)
 	if err == nil {
 		err = cur.All(ctx, &docs)
 	}
