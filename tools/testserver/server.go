@@ -111,26 +111,30 @@ func Start(cfg Config) (*Server, error) {
 	go func() { s.done <- f.Run(ctx) }()
 	if cfg.Raw {
 		s.uri = f.MongoDBURI()
-	} else {
-		sock := fcfg.Listener.Unix
-		addr := public.Addr().String()
-		s.uri = "mongodb://" + addr + "/"
-		if cfg.ChangeStreams {
-			if s.streams, err = newStreams(sock, addr, cfg.ReplicaSet, cfg.HistorySize); err != nil {
-				public.Close()
-				cancel()
-				<-s.done
-				return nil, err
-			}
-			s.uri += "?replicaSet=" + cfg.ReplicaSet
-		}
-		s.proxy = newSerializer(public, func() (net.Conn, error) { return net.Dial("unix", sock) }, s.streams)
-		if err := waitDial(sock); err != nil {
-			s.Close()
-			return nil, err
-		}
+		return s, nil
+	}
+	if err := s.startProxy(cfg, public, fcfg.Listener.Unix); err != nil {
+		s.Close()
+		return nil, err
 	}
 	return s, nil
+}
+
+// startProxy serves clients on public through the proxy to FerretDB's
+// socket sock, in replica-set mode if cfg asks, once FerretDB answers.
+func (s *Server) startProxy(cfg Config, public net.Listener, sock string) error {
+	addr := public.Addr().String()
+	s.uri = "mongodb://" + addr + "/"
+	if cfg.ChangeStreams {
+		var err error
+		if s.streams, err = newStreams(sock, addr, cfg.ReplicaSet, cfg.HistorySize); err != nil {
+			public.Close()
+			return err
+		}
+		s.uri += "?replicaSet=" + cfg.ReplicaSet
+	}
+	s.proxy = newSerializer(public, func() (net.Conn, error) { return net.Dial("unix", sock) }, s.streams)
+	return waitDial(sock)
 }
 
 func waitDial(sock string) error {
