@@ -94,6 +94,7 @@ func (st *streams) open(c *clientConn, m *msg) bson.Raw {
 	st.mu.Unlock()
 	batch, reply := st.next(cur, batchSize, 0, true)
 	if reply != nil {
+		st.retire(cur) // an aggregate that fails leaves no cursor
 		return reply
 	}
 	return cursorReply(cur, "firstBatch", batch)
@@ -237,6 +238,7 @@ func (st *streams) getMore(c *clientConn, m *msg) bson.Raw {
 		return errorReply(codeCursorNotFound, "CursorNotFound", fmt.Sprintf("cursor id %d not found", id))
 	}
 	if fail != nil {
+		st.retire(cur) // a getMore that fails ends its cursor, as on MongoDB
 		return fail
 	}
 	cur.conn.Store(c)
@@ -250,6 +252,7 @@ func (st *streams) getMore(c *clientConn, m *msg) bson.Raw {
 	}
 	batch, reply := st.next(cur, batchSize, await, false)
 	if reply != nil {
+		st.retire(cur)
 		return reply
 	}
 	return cursorReply(cur, "nextBatch", batch)
@@ -411,7 +414,8 @@ func (st *streams) killCursors(m *msg) bson.Raw {
 	return b
 }
 
-// retire closes a cursor after its invalidate event.
+// retire closes a cursor: after its invalidate event, or when its
+// aggregate fails.
 func (st *streams) retire(cur *cursor) {
 	st.mu.Lock()
 	delete(st.cursors, cur.id)
