@@ -353,23 +353,22 @@ func byID(ctx context.Context, cl *mongo.Collection, ids []bson.RawValue) (map[s
 }
 
 // drop forwards a drop or dropDatabase and records its events: a drop
-// event for each collection dropped, then, for a database, dropDatabase.
+// event for each collection dropped (none for one that was not there),
+// then, for a database, dropDatabase.
 func (st *streams) drop(backend net.Conn, name string, m *msg) (bson.Raw, error) {
 	st.proxy.turn.Lock()
 	defer st.proxy.turn.Unlock()
 	db, _ := m.body.Lookup("$db").StringValueOK()
-	var colls []string
+	filter := bson.D{} // the collections that go, and have drop events
 	if name == "drop" {
 		coll, _ := m.body.Lookup("drop").StringValueOK()
-		colls = []string{coll}
-	} else {
-		ctx, cancel := context.WithTimeout(context.Background(), sideTimeout)
-		names, err := st.side.Database(db).ListCollectionNames(ctx, bson.D{})
-		cancel()
-		if err != nil {
-			return errorReply(codeInternalError, "InternalError", err.Error()), nil
-		}
-		colls = names
+		filter = bson.D{{Key: "name", Value: coll}}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), sideTimeout)
+	colls, err := st.side.Database(db).ListCollectionNames(ctx, filter)
+	cancel()
+	if err != nil {
+		return errorReply(codeInternalError, "InternalError", err.Error()), nil
 	}
 	reply, err := st.exchange(backend, m)
 	if err != nil {

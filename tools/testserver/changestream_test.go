@@ -91,7 +91,8 @@ func TestChangeStreamsTopology(t *testing.T) {
 }
 
 // Watch with updateLookup sees an insert, an update (with its fields, and
-// the document as it then is) and a delete.
+// the document as it then is) and a delete; the collection's drop, then
+// invalidate, which ends the stream.
 func TestChangeStreamEvents(t *testing.T) {
 	_, c, _ := csServer(t, 0)
 	ctx := testCtx(t)
@@ -130,6 +131,17 @@ func TestChangeStreamEvents(t *testing.T) {
 	}
 	if _, err := ev.LookupErr("fullDocument"); err == nil {
 		t.Fatalf("delete event with a fullDocument: %v", ev)
+	}
+	if err := coll.Drop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []string{"drop", "invalidate"} {
+		if ev := next(t, ctx, cs); str(ev.Lookup("operationType")) != op {
+			t.Fatalf("want %s, got %v", op, ev)
+		}
+	}
+	if cs.Next(ctx) || cs.Err() != nil || cs.ID() != 0 {
+		t.Fatalf("stream after invalidate: %v, cursor %d, %v", cs.Current, cs.ID(), cs.Err())
 	}
 }
 
