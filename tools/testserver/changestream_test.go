@@ -330,3 +330,38 @@ func TestChangeStreamDropAndDelay(t *testing.T) {
 		t.Fatalf("%d aggregates, want 2: the first, and the resume after the drop", got)
 	}
 }
+
+// A client that disconnects takes its streams' cursors with it, and no
+// other client's.
+func TestChangeStreamDisconnect(t *testing.T) {
+	srv, c, count := csServer(t, 0)
+	ctx := testCtx(t)
+	coll := c.Database("cs").Collection("disconnect")
+	cs, err := coll.Watch(ctx, mongo.Pipeline{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close(ctx)
+	other, err := mongo.Connect(options.Client().ApplyURI(srv.URI()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherCS, err := other.Database("cs").Collection("disconnect").Watch(ctx, mongo.Pipeline{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = otherCS // left open: the disconnect must free it
+	if err := other.Disconnect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	next(t, ctx, cs)
+	if got := count("aggregate"); got != 1 {
+		t.Fatalf("%d aggregates: another client's disconnect killed this stream's cursor", got)
+	}
+	if n, err := srv.KillChangeStreams(""); n != 1 || err != nil {
+		t.Fatalf("%d cursors alive after the other client left, want 1 (%v)", n, err)
+	}
+}

@@ -35,8 +35,9 @@ type streams struct {
 }
 
 // clientConn stands for one client connection, which owns the cursors it
-// last used.
-type clientConn struct{}
+// last used. (It is not empty: pointers to distinct zero-size values may
+// be equal.)
+type clientConn struct{ conn net.Conn }
 
 func newStreams(sock, addr, setName string, historySize int) (*streams, error) {
 	side, err := mongo.Connect(options.Client().
@@ -67,7 +68,7 @@ func (st *streams) close() error { return st.side.Disconnect(context.Background(
 // serve relays one client connection, answering what the replica-set mode
 // answers itself.
 func (st *streams) serve(client, backend net.Conn) {
-	c := &clientConn{}
+	c := &clientConn{conn: client}
 	defer st.forget(c)
 	for {
 		req, err := readMessage(client)
