@@ -32,6 +32,8 @@ type streams struct {
 	faults  faultState        // guarded by mu
 	// failPoint is the failCommand fail point, nil when off; guarded by mu.
 	failPoint *failPoint
+	// retries holds each session's last retryable write; guarded by mu.
+	retries map[string]retried
 }
 
 // clientConn stands for one client connection, which owns the cursors it
@@ -194,9 +196,15 @@ func (st *streams) exchange(backend net.Conn, m *msg) (bson.Raw, error) {
 }
 
 // write forwards a write and records its change events, all in one turn.
+// A retry of a retryable write (same lsid and txnNumber) is answered with
+// the first attempt's reply, and not run again.
 func (st *streams) write(backend net.Conn, name string, m *msg) (bson.Raw, error) {
 	st.proxy.turn.Lock()
 	defer st.proxy.turn.Unlock()
+	key, txn := retryKey(m.body)
+	if reply := st.replayed(key, txn); reply != nil {
+		return reply, nil
+	}
 	var netErr error
 	reply, err := st.capture.write(name, m, func(m *msg) (bson.Raw, error) {
 		r, err := st.exchange(backend, m)
@@ -209,6 +217,7 @@ func (st *streams) write(backend net.Conn, name string, m *msg) (bson.Raw, error
 	if err != nil {
 		return errorReply(codeInternalError, "InternalError", err.Error()), nil
 	}
+	st.remember(key, txn, reply)
 	return reply, nil
 }
 
