@@ -6,19 +6,19 @@
 //	go -C tools run ./mongoserver -dir ~/.dlock-dev -addr 127.0.0.1:27017
 //
 // Once it accepts connections it prints "uri=<connection string>" on
-// standard output, then how to stop it on standard error.
-//
-// With -changestreams the server is a one-member replica set with change
-// streams (emulated by the proxy, see package testserver), and its URI
-// names the set (?replicaSet=rs0); -history sets how many change events
-// it keeps for resuming streams:
-//
-//	go -C tools run ./mongoserver -changestreams
-//
-// It runs until
+// standard output, then how to stop it on standard error. It runs until
 // SIGINT or SIGTERM. With -exit-on-stdin-eof it also stops when its
 // standard input closes, so that a parent process (the tests) can hold it
 // by a pipe and it cannot outlive the parent.
+//
+// With -changestreams the server is a one-member replica set with change
+// streams (emulated by the proxy, see package testserver; what it does and
+// does not emulate is in docs/testing.md), and the URI it prints names the
+// set (?replicaSet=rs0), which drivers then check; a client without it
+// discovers the set all the same. -history sets how many change events it
+// keeps for resuming streams (default 10,000):
+//
+//	go -C tools run ./mongoserver -changestreams
 package main
 
 import (
