@@ -10,6 +10,15 @@
 // SIGINT or SIGTERM. With -exit-on-stdin-eof it also stops when its
 // standard input closes, so that a parent process (the tests) can hold it
 // by a pipe and it cannot outlive the parent.
+//
+// With -changestreams the server is a one-member replica set with change
+// streams (emulated by the proxy, see package testserver; what it does and
+// does not emulate is in docs/testing.md), and the URI it prints names the
+// set (?replicaSet=rs0), which drivers then check; a client without it
+// discovers the set all the same. -history sets how many change events it
+// keeps for resuming streams (default 10,000):
+//
+//	go -C tools run ./mongoserver -changestreams
 package main
 
 import (
@@ -32,6 +41,8 @@ func main() {
 	flag.StringVar(&cfg.Dir, "dir", "", "data directory (SQLite backend), kept across runs; default: a temporary directory, removed on exit")
 	flag.StringVar(&cfg.PostgreSQLURL, "postgresql", "", "run on PostgreSQL at this URL instead of SQLite")
 	flag.BoolVar(&cfg.Raw, "raw", false, "no serializing proxy: FerretDB's own, non-atomic findAndModify")
+	flag.BoolVar(&cfg.ChangeStreams, "changestreams", false, "be a one-member replica set with change streams (emulated; the URI names the set)")
+	flag.IntVar(&cfg.HistorySize, "history", testserver.DefaultHistorySize, "with -changestreams, how many change events to keep for resuming streams")
 	exitOnEOF := flag.Bool("exit-on-stdin-eof", false, "also stop when standard input closes (for a parent that holds it by a pipe)")
 	flag.Parse()
 	log.SetPrefix("mongoserver: ")

@@ -30,10 +30,16 @@ type serializer struct {
 	mu      sync.Mutex
 	conns   map[net.Conn]struct{}
 	closing bool
+	// cs, when set, serves each connection in replica-set mode with change
+	// streams instead of relaying it as it is; set before accept starts.
+	cs *streams
 }
 
-func newSerializer(ln net.Listener, dial func() (net.Conn, error)) *serializer {
-	s := &serializer{ln: ln, dial: dial, conns: map[net.Conn]struct{}{}}
+func newSerializer(ln net.Listener, dial func() (net.Conn, error), cs *streams) *serializer {
+	s := &serializer{ln: ln, dial: dial, conns: map[net.Conn]struct{}{}, cs: cs}
+	if cs != nil {
+		cs.proxy = s
+	}
 	s.wg.Add(1)
 	go s.accept()
 	return s
@@ -58,6 +64,10 @@ func (s *serializer) accept() {
 		go func() {
 			defer s.wg.Done()
 			defer s.untrack(c, b)
+			if s.cs != nil {
+				s.cs.serve(c, b)
+				return
+			}
 			s.pump(c, b)
 		}()
 	}
@@ -109,6 +119,11 @@ func (s *serializer) pump(client, backend net.Conn) {
 func (s *serializer) roundTrip(backend net.Conn, req []byte) ([]byte, error) {
 	s.turn.Lock()
 	defer s.turn.Unlock()
+	return s.exchange(backend, req)
+}
+
+// exchange sends req and reads its reply; the caller holds the turn.
+func (s *serializer) exchange(backend net.Conn, req []byte) ([]byte, error) {
 	if _, err := backend.Write(req); err != nil {
 		return nil, err
 	}
@@ -139,6 +154,15 @@ func readMessage(r io.Reader) ([]byte, error) {
 		return nil, err
 	}
 	return msg, nil
+}
+
+// dropConns closes every connection, client and backend; the relays end.
+func (s *serializer) dropConns() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		c.Close()
+	}
 }
 
 // Close stops accepting, drops every connection and waits for the relays.

@@ -2,6 +2,14 @@
 // demonstration: FerretDB v1 (SQLite or PostgreSQL backend) embedded in the
 // process, behind a proxy that serializes requests so that single-document
 // updates are atomic, as they are on MongoDB.
+//
+// With [Config.ChangeStreams] the proxy also emulates a one-member replica
+// set with change streams, which FerretDB v1 lacks: it answers hello as
+// the set's primary, stamps replies with a cluster time, records the
+// change events of the writes it forwards, and serves $changeStream
+// aggregates from them. It is an emulation, built from MongoDB's
+// documentation and the Go driver's tests; docs/testing.md says what it
+// does faithfully and what it does not.
 package testserver
 
 import (
@@ -31,14 +39,24 @@ type Config struct {
 	Raw bool
 	// Log receives FerretDB's log; nil discards it.
 	Log io.Writer
+	// ChangeStreams makes the server a one-member replica set with change
+	// streams (an emulation in the proxy; see the package doc). Off, the
+	// proxy relays requests as they are. Not with Raw.
+	ChangeStreams bool
+	// HistorySize is how many change events are kept for resuming streams;
+	// 0 means DefaultHistorySize.
+	HistorySize int
+	// ReplicaSet is the replica set's name; "" means DefaultReplicaSet.
+	ReplicaSet string
 }
 
 // Server is a running test server.
 type Server struct {
-	uri    string
-	cancel context.CancelFunc
-	done   chan error
-	proxy  *serializer
+	uri     string
+	cancel  context.CancelFunc
+	done    chan error
+	proxy   *serializer
+	streams *streams // nil unless Config.ChangeStreams
 }
 
 // Start runs a server until Close.
@@ -51,6 +69,12 @@ func Start(cfg Config) (*Server, error) {
 	}
 	if cfg.Dir == "" {
 		return nil, errors.New("testserver: Dir is required")
+	}
+	if cfg.ChangeStreams && cfg.Raw {
+		return nil, errors.New("testserver: ChangeStreams needs the proxy, which Raw turns off")
+	}
+	if cfg.ReplicaSet == "" {
+		cfg.ReplicaSet = DefaultReplicaSet
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, err
@@ -87,16 +111,30 @@ func Start(cfg Config) (*Server, error) {
 	go func() { s.done <- f.Run(ctx) }()
 	if cfg.Raw {
 		s.uri = f.MongoDBURI()
-	} else {
-		sock := fcfg.Listener.Unix
-		s.proxy = newSerializer(public, func() (net.Conn, error) { return net.Dial("unix", sock) })
-		s.uri = "mongodb://" + public.Addr().String() + "/"
-		if err := waitDial(sock); err != nil {
-			s.Close()
-			return nil, err
-		}
+		return s, nil
+	}
+	if err := s.startProxy(cfg, public, fcfg.Listener.Unix); err != nil {
+		s.Close()
+		return nil, err
 	}
 	return s, nil
+}
+
+// startProxy serves clients on public through the proxy to FerretDB's
+// socket sock, in replica-set mode if cfg asks, once FerretDB answers.
+func (s *Server) startProxy(cfg Config, public net.Listener, sock string) error {
+	addr := public.Addr().String()
+	s.uri = "mongodb://" + addr + "/"
+	if cfg.ChangeStreams {
+		var err error
+		if s.streams, err = newStreams(sock, addr, cfg.ReplicaSet, cfg.HistorySize); err != nil {
+			public.Close()
+			return err
+		}
+		s.uri += "?replicaSet=" + cfg.ReplicaSet
+	}
+	s.proxy = newSerializer(public, func() (net.Conn, error) { return net.Dial("unix", sock) }, s.streams)
+	return waitDial(sock)
 }
 
 func waitDial(sock string) error {
@@ -113,13 +151,22 @@ func waitDial(sock string) error {
 	}
 }
 
-// URI is the connection string for clients.
+// URI is the connection string for clients. With ChangeStreams it names
+// the replica set (?replicaSet=), which drivers then require of the
+// server; a client without it discovers the set all the same.
 func (s *Server) URI() string { return s.uri }
 
-// Close stops the server and waits for it.
+// Close stops the server and waits for it: every connection is dropped,
+// every change stream's wait ended.
 func (s *Server) Close() error {
+	if s.streams != nil {
+		s.streams.stop()
+	}
 	if s.proxy != nil {
 		s.proxy.Close()
+	}
+	if s.streams != nil {
+		s.streams.close()
 	}
 	s.cancel()
 	return <-s.done
