@@ -219,7 +219,7 @@ func TestTryAcquireBehindACrashedWaiter(t *testing.T) {
 		try := h.NewSemaphore("s", 2)
 		_, err = try.TryAcquire(ctx)
 		assert.ErrorIs(t, err, ErrLocked, "0 of 2 permits held, a waiter registered")
-		time.Sleep(written.Add(2 * ttl).Sub(time.Now()))
+		time.Sleep(time.Until(written.Add(2 * ttl)))
 		_, err = try.TryAcquire(ctx)
 		assert.ErrorIs(t, err, ErrLocked, "at two TTLs after the last write")
 		time.Sleep(2 * serverClockResolution)
