@@ -145,8 +145,8 @@ func TestSemaphoreLateRegistrations(t *testing.T) {
 // E wakes; W's next read is one sent before W registered, in which E is
 // awake and the permit free. Taken as news, W passed E without naming it
 // to the server, as its last good view counted no one awake ahead, and
-// took the permit owed to E (so did the simulation, with stale reads,
-// under flawActOnStaleRead).
+// took the permit owed to E (as flawActOnStaleRead still does:
+// TestSemaphoreStaleReads draws scenes like this one at random).
 func TestSemaphoreStaleReadPassesNoOne(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()

@@ -121,6 +121,8 @@ type sharedWait struct {
 	events    int       // holders reported
 }
 
+// newSharedWait returns the shared wait of claim cl, with a hold id of its
+// own; try makes it a single attempt (no registration).
 func (c *Client) newSharedWait(ctx context.Context, cl claim, try bool) *sharedWait {
 	x := &sharedWait{c: c, ctx: ctx, cl: cl, try: try, a: cl.attempt, sched: cl.pace.shared(cl.cfg, c.pacer)}
 	x.a.owner, x.a.hold = c.owner, c.holdIDs.Add(1)
