@@ -9,12 +9,12 @@ import (
 )
 
 // This file is the lease core's acquisition, shared by every primitive:
-// the entry of an exclusive Lock (Mutex, RWMutex.Lock, Election), whose
-// wait is in wait.go, and of a shared one (RWMutex.RLock, Semaphore),
-// whose wait is in sharedwait.go; and what both waits use besides the
-// queue (queue.go) and the liveness watches (liveness.go): their log, the
-// grant of a lease, how a wait gives up, and the token of a raw record.
-// docs/design.md has the lock document's design.
+// the entry of an exclusive Lock (Mutex, RWMutex.Lock, Election) and of a
+// shared one (RWMutex.RLock, Semaphore); the attempts of the wait
+// (wait.go), one for each kind of claim; and what the wait uses besides
+// the queue (queue.go) and the liveness watches (liveness.go): its log,
+// the grant of a lease, how a wait gives up, and the token of a raw
+// record. docs/design.md has the lock document's design.
 
 // A claim is what one locking call asks for, and for whom.
 type claim struct {
@@ -78,7 +78,7 @@ func (c *Client) lockShared(ctx context.Context, cl claim, name string, try bool
 	cl.attempt.trace = traceOf(span, parent)
 	attempts := 0
 	defer func() { c.tel.endLock(ctx, span, start, attempts, l, err) }()
-	l, attempts, err = c.acquireShared(ctx, cl, try)
+	l, attempts, err = c.acquire(ctx, cl, try)
 	return l, err
 }
 
@@ -227,4 +227,159 @@ func (c *Client) token(ctx context.Context, r record, t Token) (Token, error) {
 		t = 1
 	}
 	return f + t, err
+}
+
+// attemptExclusive sends one exclusive acquire: stepDone with x.lease
+// when it took the key (or with ErrClosed); otherwise the error to act on
+// and whether to read the record before the next round.
+func (x *wait) attemptExclusive() (s step, read bool, err error) {
+	c := x.c
+	x.attempts++
+	x.a.registered, x.a.number, x.a.ahead = x.q.registered(), x.q.number(), x.q.ahead
+	x.a.spare = x.a.registered && x.spares
+	sent := c.clock.Now()
+	r, err := c.store.acquire(x.ctx, x.a, x.w.takeover(sent))
+	rtt := c.clock.Now().Sub(sent) // the acquire's round trip, without the floor read's
+	var t Token
+	if err == nil {
+		if x.a.raw = r.Raw; x.a.raw {
+			x.a.spare = false // counted from the floor: no spare
+		}
+		t = r.Token
+		if x.a.spare {
+			t--
+		}
+		t, err = c.token(x.ctx, r, t)
+	}
+	if err == nil {
+		l, gerr := x.takeExclusive(r, t, sent, rtt)
+		if gerr == nil || errors.Is(gerr, ErrClosed) {
+			x.lease = l
+			return stepDone, false, gerr
+		}
+		// Answered too late to rely on: the hold is ours on the server,
+		// and the next attempt renews it (same hold id).
+		x.q = queueing{}
+		x.unsure, err = true, gerr
+	}
+	switch {
+	case err == nil:
+	case !errors.Is(err, errHeld):
+		x.unsure = true
+		x.sched.failed()
+	case x.sched.planned(sent):
+		// Not its turn yet: retry, reading to trace, when the plan ran out,
+		// or asleep, to learn whether it is near enough to wake (and when
+		// a watch is due: Client.acquire).
+		err = nil
+		read = x.sched.missed(sent, c.clock.Now()) || x.traceDue() || x.q.asleep()
+	case x.afterRead:
+		err = nil // wait for the poll: see Client.acquire
+	default:
+		err = nil
+		read = x.traceDue()
+	}
+	return stepOn, read, err
+}
+
+// takeExclusive makes the lease of the hold with token t that the acquire
+// sent at sent made in r, and tells the primitive's pacing.
+func (x *wait) takeExclusive(r record, t Token, sent time.Time, rtt time.Duration) (*Lease, error) {
+	c, cl := x.c, x.cl
+	if c.cfg.hooks.flawed(flawDeadlineFromReply) {
+		sent = c.clock.Now()
+	}
+	if x.q.reg != nil { // the acquire ended the registration
+		x.q.reg.end(ErrReleased, "")
+	}
+	l, err := c.grant(cl, x.a, t, roleExclusive, sent)
+	if err != nil {
+		return nil, err
+	}
+	// A call that sent a keep's handoff may hold by it (the attempt renews
+	// the same hold id): its Unlock keeps nothing.
+	x.sched.took(r, sent, c.clock.Now(), rtt, x.kept, x.q.reg != nil)
+	return l, nil
+}
+
+// attemptShared sends one shared acquire at the counter last seen:
+// stepDone with x.lease when it took a hold (or with ErrClosed);
+// otherwise the error to act on and whether to read at once (not after a
+// read: that read lagged if it failed, so the wait waits for the poll).
+func (x *wait) attemptShared() (s step, read bool, err error) {
+	c := x.c
+	x.attempts++
+	x.a.registered, x.a.number, x.a.passing, x.a.ahead = x.q.registered(), x.q.number(), x.passing(), x.asleep
+	sent := c.clock.Now()
+	r, err := c.store.acquire(x.ctx, x.a, stamp{})
+	if err == nil {
+		if x.lease, err = x.takeShared(r, sent); err == nil {
+			x.sched.ended(c.clock.Now())
+			return stepDone, false, nil
+		}
+		if errors.Is(err, ErrClosed) {
+			return stepDone, false, ErrClosed
+		}
+		if errors.Is(err, errLateReply) {
+			x.forget() // counted once, here: a read must not find it and count it again
+			return stepOn, false, err
+		}
+	}
+	switch {
+	case errors.Is(err, errHeld):
+		return stepOn, !x.afterRead, nil // a stale counter, or taken meanwhile: read at once
+	case !x.unsure:
+		x.unsure, x.firstSent = true, sent
+	}
+	return stepOn, false, err
+}
+
+// takeShared makes the lease of the shared hold x.a has in r, its token
+// counted from the floor if r is raw.
+func (x *wait) takeShared(r record, sent time.Time) (*Lease, error) {
+	c := x.c
+	x.a.raw = r.Raw
+	t, err := c.token(x.ctx, r, r.Shared[x.a.holdKey()].Token)
+	if err != nil {
+		return nil, err
+	}
+	x.cl.pace.sawToken(r.Token, c.clock.Now())
+	if c.cfg.hooks.flawed(flawDeadlineFromReply) {
+		sent = c.clock.Now()
+	}
+	if x.q.reg != nil { // the acquire ended the registration
+		x.q.reg.end(ErrReleased, "")
+	}
+	l, err := c.grant(x.cl, x.a, t, roleShared, sent)
+	if err == nil {
+		l.settle(x.ctx) // others join a raw record only once it is empty (record.sharable)
+	}
+	return l, err
+}
+
+// found takes the shared hold that an earlier attempt of this call made,
+// when r, a record read, shows it (its reply was lost): the hold counts
+// from when the first attempt that may have made it was sent.
+func (x *wait) found(r record) (step, error) {
+	if r.Rev != 0 && r.Kind != x.a.kind || r.Shared[x.a.holdKey()].Owner == "" {
+		return stepOn, nil
+	}
+	l, err := x.takeShared(r, x.firstSent)
+	switch {
+	case err == nil:
+		x.lease = l
+		return stepDone, nil
+	case errors.Is(err, ErrClosed):
+		return stepDone, ErrClosed
+	}
+	x.forget() // too late to rely on, or its floor read failed
+	return stepOn, err
+}
+
+// forget gives back, in the background, the shared hold that this call's
+// attempts made and cannot use, and goes on with a new hold id.
+func (x *wait) forget() {
+	c, old := x.c, x.a
+	c.tidy(old.ttl, func(ctx context.Context) { c.store.abandon(ctx, old) })
+	x.a.hold, x.unsure = c.holdIDs.Add(1), false
 }

@@ -53,9 +53,10 @@ var (
 	// ErrNoLeader is returned by [Election.Leader] when nobody leads the
 	// election: its key is free, or has never been campaigned for.
 	ErrNoLeader = errors.New("dlock: no leader")
-	// ErrQueueFull is returned by a Lock (of a [Mutex] or an [RWMutex], or
-	// a [Election.Campaign]) that must wait while [MaxQueue] waiters are
-	// registered in the key's queue already. It leaves nothing registered.
+	// ErrQueueFull is returned by a Lock (of a [Mutex] or an [RWMutex]), a
+	// [Election.Campaign] or a [Semaphore.Acquire] that must wait while
+	// [MaxQueue] waiters are registered in the key's queue already. It
+	// leaves nothing registered.
 	ErrQueueFull = errors.New("dlock: too many waiters registered for the key")
 	// ErrTooManyKeys is returned by the Lock and TryLock of a [MultiMutex]
 	// of more than [MaxMultiKeys] keys. They send nothing.

@@ -918,37 +918,48 @@ func TestTryAfterDeadWaiterOnServer(t *testing.T) {
 	require.NoError(t, m.Unlock(ctx))
 }
 
-// TestQueueFull: a Lock that would register past MaxQueue waiters fails
-// with ErrQueueFull, and leaves no registration behind; the queue's
-// waiters keep their places.
+// TestQueueFull: a Lock, or a Semaphore's Acquire, that would register
+// past MaxQueue waiters fails with ErrQueueFull, and leaves no
+// registration behind; the queue's waiters keep their places.
 func TestQueueFull(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		st := newMemStore()
-		a, _ := memClient(t, st)
-		b, _ := memClient(t, st)
-		ctx := context.Background()
-		require.NoError(t, a.NewMutex("k").Lock(ctx))
-		st.mu.Lock()
-		r := st.records["k"]
-		r.Waiters = map[string]entry{}
-		for i := range MaxQueue {
-			r.Queue = int64(i + 1)
-			r.Waiters[holdKey("w", int64(i+1))] = entry{Owner: "w", Hold: int64(i + 1), TTL: time.Hour, Q: r.Queue}
-		}
-		st.records["k"] = r
-		st.mu.Unlock()
+	for _, kind := range []string{"mutex", "semaphore"} {
+		t.Run(kind, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := newMemStore()
+				a, _ := memClient(t, st)
+				b, _ := memClient(t, st)
+				ctx := context.Background()
+				lock := func(ctx context.Context, c *Client) error {
+					if kind == "mutex" {
+						return c.NewMutex("k").Lock(ctx)
+					}
+					_, err := c.NewSemaphore("k", 1).Acquire(ctx)
+					return err
+				}
+				require.NoError(t, lock(ctx, a))
+				st.mu.Lock()
+				r := st.records["k"]
+				r.Waiters = map[string]entry{}
+				for i := range MaxQueue {
+					r.Queue = int64(i + 1)
+					r.Waiters[holdKey("w", int64(i+1))] = entry{Owner: "w", Hold: int64(i + 1), TTL: time.Hour, Q: r.Queue}
+				}
+				st.records["k"] = r
+				st.mu.Unlock()
 
-		lctx, cancel := context.WithTimeout(ctx, time.Minute)
-		defer cancel()
-		err := b.NewMutex("k").Lock(lctx)
-		require.ErrorIs(t, err, ErrQueueFull)
-		t.Log(err)
-		synctest.Wait() // the registration's removal, in the background
-		assert.Len(t, holder(st, "k").Waiters, MaxQueue)
-		for _, e := range holder(st, "k").Waiters {
-			assert.Equal(t, "w", e.Owner)
-		}
-	})
+				lctx, cancel := context.WithTimeout(ctx, time.Minute)
+				defer cancel()
+				err := lock(lctx, b)
+				require.ErrorIs(t, err, ErrQueueFull)
+				t.Log(err)
+				synctest.Wait() // the registration's removal, in the background
+				assert.Len(t, holder(st, "k").Waiters, MaxQueue)
+				for _, e := range holder(st, "k").Waiters {
+					assert.Equal(t, "w", e.Owner)
+				}
+			})
+		})
+	}
 }
 
 // TestShortHoldsAfterLongHold: once a long hold ends, a queue of waiters

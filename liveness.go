@@ -118,25 +118,15 @@ func (ew *entryWatch) wait(now time.Time) time.Duration {
 	return d
 }
 
-// observe reads key's record into w. A hold of this Client's that no
-// call of it uses (an earlier attempt's, whose Lock gave up before its
-// reply came, or a lease that was lost) may be taken over at once: this
-// call holds the Client's slot for the key, so no other call of it relies
-// on that hold. With [WithServerClockTakeover], when the record's revision
-// is new to w, it also estimates the server's clock (reading it when the
-// last reading is over a TTL old), so that a record written long ago by the
-// server's clock can be taken over without waiting a further TTL.
-func (c *Client) observe(ctx context.Context, key string, w *watch) (record, error) {
-	r, err := c.store.read(ctx, key)
-	if err != nil {
-		return r, err
-	}
-	c.watchHolder(ctx, r, w)
-	return r, nil
-}
-
 // watchHolder brings w up to date with r, a record just read (or
-// returned by a registration), as observe describes.
+// returned by a registration). A hold of this Client's that no call of it
+// uses (an earlier attempt's, whose Lock gave up before its reply came,
+// or a lease that was lost) may be taken over at once: this call holds
+// the Client's slot for the key, so no other call of it relies on that
+// hold. With [WithServerClockTakeover], when the record's revision is new
+// to w, it also estimates the server's clock (reading it when the last
+// reading is over a TTL old), so that a record written long ago by the
+// server's clock can be taken over without waiting a further TTL.
 func (c *Client) watchHolder(ctx context.Context, r record, w *watch) {
 	if r.free() {
 		return

@@ -270,7 +270,7 @@ func WithServerClockTakeover(on bool) Option {
 }
 
 // MaxQueue is the most waiters that may be registered in one key's queue:
-// a Lock that would register past it fails with [ErrQueueFull]. The queue
+// a Lock or Acquire that would register past it fails with [ErrQueueFull]. The queue
 // lives in the key's document, which MongoDB caps at 16 MiB, and every
 // write of the key carries it whole. A registration takes at most about
 // 470 bytes ([MaxOwnerLen], in base64, and a hold id name it; its value is

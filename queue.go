@@ -51,7 +51,7 @@ func (c *Client) queues(kind string) bool {
 	return true
 }
 
-// A queueing is one exclusive wait's place in its key's queue.
+// A queueing is one wait's place in its key's queue.
 type queueing struct {
 	reg   *Lease           // the registration, kept alive by the extender; nil when not registered
 	ahead map[string]int64 // the waiters registered before it, as last seen: their queue numbers by hold key
@@ -91,7 +91,7 @@ func (q *queueing) asleep() bool { return q.registered() && q.sleep }
 // filter checks that those ahead are gone or still asleep, so a stale
 // view costs a failed attempt, not the order. A sleeper is never the head:
 // it sends only its plan's attempts, reads, and wakes when its place says
-// (exclusiveWait.remark).
+// (wait.remark).
 func (q *queueing) head() bool { return !q.registered() || !q.sleep && q.awake == 0 }
 
 // enqueue registers attempt a as a waiter for its key, with the next
@@ -104,7 +104,7 @@ func (q *queueing) head() bool { return !q.registered() || !q.sleep && q.awake =
 func (c *Client) enqueue(ctx context.Context, cl claim, a attempt, q *queueing) (record, error) {
 	rc := cl.cfg.registrations()
 	a.ttl = rc.ttl
-	a.sleep = !a.shared && cl.pace.sleepy(c.pacer) // a Semaphore's waiter registers awake, and marks itself by its place past the first n (sharedWait.remark)
+	a.sleep = !a.shared && cl.pace.sleepy(c.pacer) // a Semaphore's waiter registers awake, and marks itself by its place past the first n (wait.remark)
 	sent := c.clock.Now()
 	r, err := c.store.register(ctx, a)
 	switch {
@@ -158,7 +158,7 @@ func (c *Client) dropRegistration(a attempt, q int64) {
 	c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
 }
 
-// view brings an exclusive wait up to date with r, the record as just
+// view brings a wait up to date with r, the record as just
 // read or registered in (watchHolder does the holder's revision): its
 // place in the queue (a registration that is gone, cleared by another
 // waiter while this Client could not extend it, is ended, and the wait
@@ -199,7 +199,11 @@ func (c *Client) view(cl claim, a attempt, r record, ew *entryWatch, q *queueing
 		}
 	}
 	now := c.clock.Now()
-	ew.observe(blocking, now, roleShared, roleWaiter)
+	roles := []role{roleShared, roleWaiter}
+	if a.shared && q.reg == nil && len(r.Shared) < a.limit {
+		roles = roles[1:] // a shared hold blocks an unregistered one only in a full Semaphore
+	}
+	ew.observe(blocking, now, roles...)
 	if a.shared {
 		// A Semaphore's Acquires hold no slot: one Client's wait side by
 		// side, and a registration of its own ahead may be a sibling's.

@@ -156,3 +156,107 @@ func (c *Client) dispose(lo *leftover) {
 	defer cancel()
 	c.store.release(ctx, lo.lease.ref())
 }
+
+// resumeKept takes over the hold that the last Unlock kept for this
+// exclusive wait, if it did (done), or else takes the hold id of the
+// registration it left, if any, which the wait's first round adopts.
+func (x *wait) resumeKept() (l *Lease, err error, done bool) {
+	c, pr := x.c, x.pr
+	if pr != nil && pr.kept() {
+		x.kept = pr.byHandoff(x.cl)
+		l, sent, err := c.resume(x.ctx, x.cl, x.a, pr)
+		x.attempts = sent
+		switch {
+		case err == nil:
+			return l, nil, true
+		case errors.Is(err, ErrClosed):
+			return nil, ErrClosed, true
+		case !errors.Is(err, errNotOwner):
+			x.unsure, x.lastErr = true, err // the hold may be a's: the next attempt renews it
+		}
+		x.pr = nil
+	}
+	if x.pr != nil {
+		x.a.hold = x.pr.a.hold
+	}
+	return nil, nil, false
+}
+
+// pickUp returns what the last Unlock left for an exclusive acquire of
+// a's key, kind and TTL (a kept hold is ended: the caller hands it over),
+// or nil when there is none. One of another kind or TTL, or whose lease
+// has ended, is disposed of. It may have been left for another primitive
+// of the key: a registration is adopted all the same (it is only a place
+// in the queue), a kept hold is taken over by a write (byHandoff).
+func (c *Client) pickUp(a attempt) *leftover {
+	c.mu.Lock()
+	lo := c.leftovers[a.key]
+	delete(c.leftovers, a.key)
+	c.mu.Unlock()
+	if lo == nil {
+		return nil
+	}
+	close(lo.taken)
+	if lo.a.kind != a.kind || lo.a.ttl != a.ttl || lo.lease.Err() != nil {
+		c.tidy(lo.a.ttl, func(context.Context) { c.dispose(lo) })
+		return nil
+	}
+	if lo.kept() {
+		lo.lease.end(ErrReleased, "")
+	}
+	return lo
+}
+
+// resume gives the hold kept in lo (which pickUp ended) to attempt a of
+// claim cl, and returns the lease and how many commands that took: none,
+// the lease being the kept hold's under its spare token (the hold's
+// writes still name the counter, which is that token now). The deadline
+// is the kept hold's: counted from its last write's send. It returns
+// ErrClosed when Close had begun (the hold is then given back), and
+// errNotOwner, with the hold released in the background, when it was
+// past its deadline.
+//
+// A hold kept for another primitive than cl's, or, for flawKeepAlways,
+// kept without a spare, is handed over by a write instead: a new hold
+// with a's hold id, data and a new token. The keep's own handoff is taken
+// past the queue (the queue was passed by the hold's own acquire);
+// another primitive's is not, as a local handoff is not: if waiters of
+// other Clients are queued it is refused, the hold is released (a second
+// command), and errNotOwner returned, the caller queueing behind them.
+// Any other error leaves the hold perhaps a's, and the caller's next
+// attempt, with a's hold id, finds and renews it.
+func (c *Client) resume(ctx context.Context, cl claim, a attempt, lo *leftover) (*Lease, int, error) {
+	h := lo.lease
+	if !lo.byHandoff(cl) {
+		next := a
+		next.hold = h.hold
+		l, err := c.grant(cl, next, h.token, roleExclusive, h.lastSent())
+		if err == nil {
+			cl.pace.took(h.lastSent(), c.clock.Now(), 0, true)
+		} else if !errors.Is(err, ErrClosed) {
+			ref := h.ref()
+			c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
+			err = errNotOwner
+		}
+		return l, 0, err
+	}
+	next := a
+	next.pastQueue = lo.pace == cl.pace // the keep's own handoff: the hold's acquire passed the queue
+	sent := c.clock.Now()
+	r, err := c.store.handoff(ctx, h.ref(), next)
+	if errors.Is(err, errNotOwner) && !next.pastQueue {
+		ref := h.ref()
+		if c.store.release(ctx, ref) != nil {
+			c.tidy(a.ttl, func(ctx context.Context) { c.store.release(ctx, ref) })
+		}
+		return nil, 2, errNotOwner
+	}
+	if err != nil {
+		return nil, 1, err
+	}
+	l, err := c.grant(cl, a, r.Token, roleExclusive, sent)
+	if err == nil {
+		cl.pace.took(sent, c.clock.Now(), 0, true)
+	}
+	return l, 1, err
+}

@@ -163,11 +163,11 @@ func TestSemaphoreStaleReadPassesNoOne(t *testing.T) {
 
 		w, _ := memClient(t, st, withPacer(backoffPacer{})) // W stays awake
 		s := w.NewSemaphore("s", 1)
-		x := w.newSharedWait(ctx, claim{lk: s, cfg: &s.cfg, pace: &s.pace,
+		x := w.newWait(ctx, claim{lk: s, cfg: &s.cfg, pace: &s.pace,
 			attempt: attempt{key: "s", ttl: s.cfg.ttl, kind: semKind(1), shared: true, limit: 1}}, false)
-		ready, err := x.join()
+		_, err = x.join()
 		require.NoError(t, err)
-		require.False(t, ready, "a permit for W while E waits awake ahead")
+		require.False(t, x.ready, "a permit for W while E waits awake ahead")
 		eRef := leaseRef{key: "s", owner: "E", hold: 1, ttl: e.ttl, token: 1, role: roleWaiter}
 		_, err = st.mark(ctx, eRef, true)
 		require.NoError(t, err)
@@ -179,7 +179,8 @@ func TestSemaphoreStaleReadPassesNoOne(t *testing.T) {
 
 		x.view = &view{r: stale}
 		if _, err := x.read(); err == nil && x.ready {
-			x.attemptOnce(true)
+			x.afterRead = true
+			x.attemptShared()
 		}
 		assert.Empty(t, holder(st, "s").Shared, "W took the permit owed to E, awake ahead of it")
 		w.unregister(x.q.reg)
@@ -263,7 +264,7 @@ func staleReadScene(t *testing.T, rt *rapid.T, f flaw) (found string) {
 		reads := []record{holder(st, "s").clone()}
 		w, _ := memClient(t, st, withPacer(backoffPacer{}), withFlaw(f))
 		s := w.NewSemaphore("s", n)
-		x := w.newSharedWait(ctx, claim{lk: s, cfg: &s.cfg, pace: &s.pace,
+		x := w.newWait(ctx, claim{lk: s, cfg: &s.cfg, pace: &s.pace,
 			attempt: attempt{key: "s", ttl: s.cfg.ttl, kind: semKind(n), shared: true, limit: n}}, false)
 		defer func() { w.unregister(x.q.reg) }()
 		for i, step := range append(before, append([]int{-1}, steps...)...) {
@@ -292,7 +293,8 @@ func staleReadScene(t *testing.T, rt *rapid.T, f flaw) (found string) {
 				require.NoError(t, err)
 			case 4: // W attempts, if its last read said it may
 				if x.ready {
-					x.attemptOnce(true)
+					x.afterRead = true
+					x.attemptShared()
 				}
 			}
 			if x.lease != nil {
