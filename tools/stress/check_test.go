@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -399,4 +400,31 @@ func checkRegisters(events []event, final map[string]int64, end int64, r *report
 			r.violations = append(r.violations, fmt.Sprintf("%s: final value %d, but %d writes admitted (%d unknown)", key, v, accepted[key], unknown[key]))
 		}
 	}
+}
+
+// lastWrites describes the last n writes to key's register, in the order
+// they were called: process, token, value, outcome and when each was
+// called and returned, in ms before the last; for a failure to be studied.
+func lastWrites(events []event, key string, n int) string {
+	calls := map[int]event{}
+	var ws []string
+	var last int64
+	for _, e := range events {
+		last = max(last, e.T)
+	}
+	for _, e := range events {
+		switch {
+		case e.Op == opWriteCall && e.Key == key:
+			calls[e.ID] = e
+		case e.Op == opWriteRet:
+			if c, ok := calls[e.ID]; ok {
+				ws = append(ws, fmt.Sprintf("p%d tok %d v %d %s (%d..%d ms)", c.P, c.Tok, c.V, e.Res, (last-c.T)/1e6, (last-e.T)/1e6))
+				delete(calls, e.ID)
+			}
+		}
+	}
+	for _, c := range calls {
+		ws = append(ws, fmt.Sprintf("p%d tok %d v %d no return (%d ms)", c.P, c.Tok, c.V, (last-c.T)/1e6))
+	}
+	return strings.Join(ws[max(len(ws)-n, 0):], "; ")
 }

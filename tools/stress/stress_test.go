@@ -280,7 +280,15 @@ func run(t *testing.T, sc scenario) report {
 		next, sc.duration, r.faults, r.holds, r.lost, len(r.margins), r.minMargin(), r.excused, r.reads, r.staleReads, r.writes, r.accepted, r.stale, r.unknown, r.late, final, r.lostUpdates, len(r.violations))
 	if !assert.Empty(t, r.violations) {
 		keepHistory(t, logPath)
+		for key := range final {
+			t.Logf("%s's last writes: %s", key, lastWrites(events, key, 6))
+		}
 		rereadRegisters(t, uri, db.Name())
+		if srv != nil { // fresh connections of a new server process: a stale snapshot, or the data
+			srv.kill()
+			srv.start()
+			rereadRegisters(t, uri, db.Name())
+		}
 	}
 	progressed := assert.Positive(t, r.accepted)
 	if !assert.Positive(t, r.late, "waiters progress once the faults stop") || !progressed {
