@@ -340,3 +340,40 @@ func TestSemaphoreStaleReads(t *testing.T) {
 	require.NotEmpty(t, found, "flawActOnStaleRead not caught in %d runs", runs)
 	t.Logf("flawActOnStaleRead caught after %d runs: %s", runs, found)
 }
+
+// TestSemaphoreWaiterAttemptsOnlyWithRoom: a Semaphore's Acquire that
+// registers at once (its primitive waited lately, and knows the counter)
+// and finds no permit sends no acquire until a read shows one: its
+// compare-and-set needs the counter that a view with room showed, and the
+// registration's reply, which showed none, replaces what it knew.
+func TestSemaphoreWaiterAttemptsOnlyWithRoom(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newMemStore()
+		a, _ := memClient(t, st)
+		b, h := memClient(t, st)
+		ctx := context.Background()
+		sa, sb := a.NewSemaphore("s", 1), b.NewSemaphore("s", 1)
+		held, err := sa.Acquire(ctx)
+		require.NoError(t, err)
+		time.AfterFunc(time.Second, func() { held.Release(ctx) })
+		l, err := sb.Acquire(ctx) // waits: sb learns the counter, and that it waited
+		require.NoError(t, err)
+		require.NoError(t, l.Release(ctx))
+
+		held, err = sa.Acquire(ctx)
+		require.NoError(t, err)
+		before := h.count("acquire")
+		done := make(chan error, 1)
+		go func() {
+			l, err := sb.Acquire(ctx)
+			if err == nil {
+				err = l.Release(ctx)
+			}
+			done <- err
+		}()
+		time.Sleep(5 * time.Second) // the hold's length, not synchronisation: B waits behind it
+		assert.Equal(t, 0, h.count("acquire")-before, "acquires sent while every view showed the permit held")
+		require.NoError(t, held.Release(ctx))
+		require.NoError(t, <-done)
+	})
+}

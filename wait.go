@@ -238,6 +238,7 @@ func (x *wait) join() (step, error) {
 	var joined time.Time   // when an adopted registration was made
 	var busy time.Duration // how long the hold before it lasted
 	sent := c.clock.Now()
+	x.ready = false // the registration's reply replaces what the wait knew of the counter
 	if x.pr != nil {
 		r, x.q.reg, joined, busy, x.pr = x.pr.r, x.pr.lease, x.pr.at, x.pr.busy, nil
 	} else {
