@@ -157,31 +157,6 @@ func (c *Client) dispose(lo *leftover) {
 	c.store.release(ctx, lo.lease.ref())
 }
 
-// resumeKept takes over the hold that the last Unlock kept for this
-// exclusive wait, if it did (done), or else takes the hold id of the
-// registration it left, if any, which the wait's first round adopts.
-func (x *wait) resumeKept() (l *Lease, err error, done bool) {
-	c, pr := x.c, x.pr
-	if pr != nil && pr.kept() {
-		x.kept = pr.byHandoff(x.cl)
-		l, sent, err := c.resume(x.ctx, x.cl, x.a, pr)
-		x.attempts = sent
-		switch {
-		case err == nil:
-			return l, nil, true
-		case errors.Is(err, ErrClosed):
-			return nil, ErrClosed, true
-		case !errors.Is(err, errNotOwner):
-			x.unsure, x.lastErr = true, err // the hold may be a's: the next attempt renews it
-		}
-		x.pr = nil
-	}
-	if x.pr != nil {
-		x.a.hold = x.pr.a.hold
-	}
-	return nil, nil, false
-}
-
 // pickUp returns what the last Unlock left for an exclusive acquire of
 // a's key, kind and TTL (a kept hold is ended: the caller hands it over),
 // or nil when there is none. One of another kind or TTL, or whose lease

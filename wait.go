@@ -16,7 +16,7 @@ import (
 // permit), and the steps of its rounds. An exclusive claim is framed as a
 // Semaphore of one permit (permits), so that a waiter's place in the
 // queue is one formula for both (turns, place). What the two send differs,
-// and only in the attempt (acquire.go): an exclusive acquire takes the key,
+// and only in the attempt (attemptExclusive, attemptShared): an exclusive acquire takes the key,
 // or renews this call's hold, and may take over a dead holder in the same
 // write; a shared acquire is a compare-and-set on the token counter that a
 // read just showed, so it is sent only when a read shows room for it
@@ -165,6 +165,31 @@ func (x *wait) start() (l *Lease, err error, done bool) {
 	return nil, nil, false
 }
 
+// resumeKept takes over the hold that the last Unlock kept for this
+// exclusive wait, if it did (done), or else takes the hold id of the
+// registration it left, if any, which the wait's first round adopts.
+func (x *wait) resumeKept() (l *Lease, err error, done bool) {
+	c, pr := x.c, x.pr
+	if pr != nil && pr.kept() {
+		x.kept = pr.byHandoff(x.cl)
+		l, sent, err := c.resume(x.ctx, x.cl, x.a, pr)
+		x.attempts = sent
+		switch {
+		case err == nil:
+			return l, nil, true
+		case errors.Is(err, ErrClosed):
+			return nil, ErrClosed, true
+		case !errors.Is(err, errNotOwner):
+			x.unsure, x.lastErr = true, err // the hold may be a's: the next attempt renews it
+		}
+		x.pr = nil
+	}
+	if x.pr != nil {
+		x.a.hold = x.pr.a.hold
+	}
+	return nil, nil, false
+}
+
 // giveUp ends the wait with err: see Client.giveUp.
 func (x *wait) giveUp(err error) error {
 	x.c.unregister(x.q.reg)
@@ -202,12 +227,167 @@ func (x *wait) round() (step, error) {
 	return stepOn, err
 }
 
-// attempt sends one acquire, as the claim's kind does (acquire.go).
+// attempt sends one acquire, as the claim's kind does.
 func (x *wait) attempt() (step, bool, error) {
 	if x.shared {
 		return x.attemptShared()
 	}
 	return x.attemptExclusive()
+}
+
+// attemptExclusive sends one exclusive acquire: stepDone with x.lease
+// when it took the key (or with ErrClosed); otherwise the error to act on
+// and whether to read the record before the next round.
+func (x *wait) attemptExclusive() (s step, read bool, err error) {
+	c := x.c
+	x.attempts++
+	x.a.registered, x.a.number, x.a.ahead = x.q.registered(), x.q.number(), x.q.ahead
+	x.a.spare = x.a.registered && x.spares
+	sent := c.clock.Now()
+	r, err := c.store.acquire(x.ctx, x.a, x.w.takeover(sent))
+	rtt := c.clock.Now().Sub(sent) // the acquire's round trip, without the floor read's
+	var t Token
+	if err == nil {
+		if x.a.raw = r.Raw; x.a.raw {
+			x.a.spare = false // counted from the floor: no spare
+		}
+		t = r.Token
+		if x.a.spare {
+			t--
+		}
+		t, err = c.token(x.ctx, r, t)
+	}
+	if err == nil {
+		l, gerr := x.takeExclusive(r, t, sent, rtt)
+		if gerr == nil || errors.Is(gerr, ErrClosed) {
+			x.lease = l
+			return stepDone, false, gerr
+		}
+		// Answered too late to rely on: the hold is ours on the server,
+		// and the next attempt renews it (same hold id).
+		x.q = queueing{}
+		x.unsure, err = true, gerr
+	}
+	switch {
+	case err == nil:
+	case !errors.Is(err, errHeld):
+		x.unsure = true
+		x.sched.failed()
+	case x.sched.planned(sent):
+		// Not its turn yet: retry, reading to trace, when the plan ran out,
+		// or asleep, to learn whether it is near enough to wake (and when
+		// a watch is due: Client.acquire).
+		err = nil
+		read = x.sched.missed(sent, c.clock.Now()) || x.traceDue() || x.q.asleep()
+	case x.afterRead:
+		err = nil // wait for the poll: see Client.acquire
+	default:
+		err = nil
+		read = x.traceDue()
+	}
+	return stepOn, read, err
+}
+
+// takeExclusive makes the lease of the hold with token t that the acquire
+// sent at sent made in r, and tells the primitive's pacing.
+func (x *wait) takeExclusive(r record, t Token, sent time.Time, rtt time.Duration) (*Lease, error) {
+	c, cl := x.c, x.cl
+	if c.cfg.hooks.flawed(flawDeadlineFromReply) {
+		sent = c.clock.Now()
+	}
+	if x.q.reg != nil { // the acquire ended the registration
+		x.q.reg.end(ErrReleased, "")
+	}
+	l, err := c.grant(cl, x.a, t, roleExclusive, sent)
+	if err != nil {
+		return nil, err
+	}
+	// A call that sent a keep's handoff may hold by it (the attempt renews
+	// the same hold id): its Unlock keeps nothing.
+	x.sched.took(r, sent, c.clock.Now(), rtt, x.kept, x.q.reg != nil)
+	return l, nil
+}
+
+// attemptShared sends one shared acquire at the counter last seen:
+// stepDone with x.lease when it took a hold (or with ErrClosed);
+// otherwise the error to act on and whether to read at once (not after a
+// read: that read lagged if it failed, so the wait waits for the poll).
+func (x *wait) attemptShared() (s step, read bool, err error) {
+	c := x.c
+	x.attempts++
+	x.a.registered, x.a.number, x.a.passing, x.a.ahead = x.q.registered(), x.q.number(), x.passing(), x.asleep
+	sent := c.clock.Now()
+	r, err := c.store.acquire(x.ctx, x.a, stamp{})
+	if err == nil {
+		if x.lease, err = x.takeShared(r, sent); err == nil {
+			x.sched.ended(c.clock.Now())
+			return stepDone, false, nil
+		}
+		if errors.Is(err, ErrClosed) {
+			return stepDone, false, ErrClosed
+		}
+		if errors.Is(err, errLateReply) {
+			x.forget() // counted once, here: a read must not find it and count it again
+			return stepOn, false, err
+		}
+	}
+	switch {
+	case errors.Is(err, errHeld):
+		return stepOn, !x.afterRead, nil // a stale counter, or taken meanwhile: read at once
+	case !x.unsure:
+		x.unsure, x.firstSent = true, sent
+	}
+	return stepOn, false, err
+}
+
+// takeShared makes the lease of the shared hold x.a has in r, its token
+// counted from the floor if r is raw.
+func (x *wait) takeShared(r record, sent time.Time) (*Lease, error) {
+	c := x.c
+	x.a.raw = r.Raw
+	t, err := c.token(x.ctx, r, r.Shared[x.a.holdKey()].Token)
+	if err != nil {
+		return nil, err
+	}
+	x.cl.pace.sawToken(r.Token, c.clock.Now())
+	if c.cfg.hooks.flawed(flawDeadlineFromReply) {
+		sent = c.clock.Now()
+	}
+	if x.q.reg != nil { // the acquire ended the registration
+		x.q.reg.end(ErrReleased, "")
+	}
+	l, err := c.grant(x.cl, x.a, t, roleShared, sent)
+	if err == nil {
+		l.settle(x.ctx) // others join a raw record only once it is empty (record.sharable)
+	}
+	return l, err
+}
+
+// found takes the shared hold that an earlier attempt of this call made,
+// when r, a record read, shows it (its reply was lost): the hold counts
+// from when the first attempt that may have made it was sent.
+func (x *wait) found(r record) (step, error) {
+	if r.Rev != 0 && r.Kind != x.a.kind || r.Shared[x.a.holdKey()].Owner == "" {
+		return stepOn, nil
+	}
+	l, err := x.takeShared(r, x.firstSent)
+	switch {
+	case err == nil:
+		x.lease = l
+		return stepDone, nil
+	case errors.Is(err, ErrClosed):
+		return stepDone, ErrClosed
+	}
+	x.forget() // too late to rely on, or its floor read failed
+	return stepOn, err
+}
+
+// forget gives back, in the background, the shared hold that this call's
+// attempts made and cannot use, and goes on with a new hold id.
+func (x *wait) forget() {
+	c, old := x.c, x.a
+	c.tidy(old.ttl, func(ctx context.Context) { c.store.abandon(ctx, old) })
+	x.a.hold, x.unsure = c.holdIDs.Add(1), false
 }
 
 // watchesDue reports whether an exclusive wait must read the record at
