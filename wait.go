@@ -203,12 +203,12 @@ func (x *wait) round() (step, error) {
 	var s step
 	var err error
 	read := false
-	switch ready := x.ready; {
+	switch {
 	case x.enqueue || x.pr != nil:
 		s, err = x.join()
 	case x.view != nil: // a round of the watcher read the key for this one
 		read = true
-	case ready || !x.shared && x.sched.attempts(x.c.clock.Now(), x.q.head()):
+	case x.ready || !x.shared && x.sched.attempts(x.c.clock.Now(), x.q.head()):
 		x.ready = false
 		s, read, err = x.attempt()
 	default: // behind others in the queue, or a counter to learn: read
