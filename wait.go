@@ -94,13 +94,12 @@ const (
 // A wait is one acquisition in progress: what the steps of Client.acquire
 // share.
 type wait struct {
-	c      *Client
-	ctx    context.Context
-	cl     claim
-	try    bool
-	a      attempt
-	shared bool   // a shared claim: attempts only when a read shows room (ready)
-	lease  *Lease // with stepDone: the hold taken
+	c     *Client
+	ctx   context.Context
+	cl    claim
+	try   bool
+	a     attempt
+	lease *Lease // with stepDone: the hold taken
 
 	w       watch
 	ew      entryWatch
@@ -128,11 +127,11 @@ type wait struct {
 }
 
 func (c *Client) newWait(ctx context.Context, cl claim, try bool) *wait {
-	x := &wait{c: c, ctx: ctx, cl: cl, try: try, a: cl.attempt, shared: cl.attempt.shared}
+	x := &wait{c: c, ctx: ctx, cl: cl, try: try, a: cl.attempt}
 	x.a.owner, x.a.hold = c.owner, c.holdIDs.Add(1)
 	x.tracing = trace.SpanFromContext(ctx).IsRecording()
 	x.ew.reapLive = c.cfg.hooks.flawed(flawReapLive)
-	if x.shared {
+	if x.a.shared {
 		x.sched = cl.pace.shared(cl.cfg, c.pacer)
 		x.queues = !try && strings.HasPrefix(x.a.kind, "sem/") && c.queues(x.a.kind) // a Semaphore's; a registered writer keeps an RLock out
 		if c.cfg.hooks.flawed(flawSharedOverLimit) {
@@ -155,7 +154,7 @@ func (c *Client) newWait(ctx context.Context, cl claim, try bool) *wait {
 // ago. A shared claim starts ready to attempt when its primitive knows
 // the key's token counter.
 func (x *wait) start() (l *Lease, err error, done bool) {
-	if x.shared {
+	if x.a.shared {
 		x.a.token, x.ready = x.cl.pace.token()
 	} else if l, err, done = x.resumeKept(); done {
 		return l, err, true
@@ -208,7 +207,7 @@ func (x *wait) round() (step, error) {
 		s, err = x.join()
 	case x.view != nil: // a round of the watcher read the key for this one
 		read = true
-	case x.ready || !x.shared && x.sched.attempts(x.c.clock.Now(), x.q.head()):
+	case x.ready || !x.a.shared && x.sched.attempts(x.c.clock.Now(), x.q.head()):
 		x.ready = false
 		s, read, err = x.attempt()
 	default: // behind others in the queue, or a counter to learn: read
@@ -229,7 +228,7 @@ func (x *wait) round() (step, error) {
 
 // attempt sends one acquire, as the claim's kind does.
 func (x *wait) attempt() (step, bool, error) {
-	if x.shared {
+	if x.a.shared {
 		return x.attemptShared()
 	}
 	return x.attemptExclusive()
@@ -396,7 +395,7 @@ func (x *wait) forget() {
 // because a watch says that the holder, a waiter ahead or a reader may be
 // cleared. A shared wait reads every round it does not attempt.
 func (x *wait) watchesDue(now time.Time) bool {
-	if x.shared {
+	if x.a.shared {
 		return false
 	}
 	return x.w.rev == 0 && (x.try || x.attempts > 1) || x.w.takeover(now).rev != 0 || x.ew.wait(now) == 0
@@ -433,7 +432,7 @@ func (x *wait) join() (step, error) {
 	if err == nil {
 		err = c.registeredInTime(&x.q, &x.waitLog)
 	}
-	if err != nil || x.shared && !x.q.registered() {
+	if err != nil || x.a.shared && !x.q.registered() {
 		return stepOn, err // unregistered, a shared claim reads before it attempts
 	}
 	if x.q.registered() { // r is the reply to the wait's own write: its registration, or the requeue that made it
@@ -448,7 +447,7 @@ func (x *wait) join() (step, error) {
 		x.afterRead = true
 		return stepAgain, nil
 	}
-	if !x.shared {
+	if !x.a.shared {
 		c.watchHolder(x.ctx, r, &x.w)
 	}
 	if err := c.view(x.cl, x.a, r, &x.ew, &x.q); err != nil {
@@ -460,12 +459,12 @@ func (x *wait) join() (step, error) {
 	if err := x.remark(&r); err != nil {
 		return stepOn, err
 	}
-	if x.shared {
+	if x.a.shared {
 		x.a.token = r.Token // the counter its next attempt compares
 	}
 	x.saw(r, sent)
 	if x.takeable(r) {
-		x.afterRead, x.ready = true, x.shared
+		x.afterRead, x.ready = true, x.a.shared
 		return stepAgain, nil
 	}
 	return stepOn, nil
@@ -486,7 +485,7 @@ func (x *wait) read() (step, error) {
 	} else if r, err = c.store.read(x.ctx, x.a.key); err != nil {
 		return stepOn, err
 	}
-	if x.shared {
+	if x.a.shared {
 		if s, err := x.found(r); s != stepOn || err != nil {
 			return s, err
 		}
@@ -510,7 +509,7 @@ func (x *wait) read() (step, error) {
 		x.afterRead = x.q.head()
 		return stepAgain, nil
 	}
-	if x.try && (r.free() || x.shared) && c.clearDeadQueue(x.ctx, x.a.key, r) {
+	if x.try && (r.free() || x.a.shared) && c.clearDeadQueue(x.ctx, x.a.key, r) {
 		x.afterRead = true // one more attempt, then the try ends
 		return stepAgain, nil
 	}
@@ -518,7 +517,7 @@ func (x *wait) read() (step, error) {
 		return stepOn, err
 	}
 	if x.takeable(r) {
-		x.afterRead, x.ready = true, x.shared
+		x.afterRead, x.ready = true, x.a.shared
 		return stepAgain, nil // freed meanwhile, a hold of ours no call uses, or due
 	}
 	x.saw(r, sent)
@@ -531,7 +530,7 @@ func (x *wait) read() (step, error) {
 // clears one by a reap).
 func (x *wait) watchHolder(r record) {
 	switch {
-	case !x.shared:
+	case !x.a.shared:
 		x.c.watchHolder(x.ctx, r, &x.w)
 	case r.free():
 		x.w = watch{} // no hold to take over: registered writers block it (ew)
@@ -549,7 +548,7 @@ func (x *wait) reap() bool {
 		ok, err := c.store.reap(x.ctx, x.a.key, stamp{}, stale)
 		return err == nil && ok
 	}
-	if at := x.w.takeover(now); x.shared && at.rev != 0 {
+	if at := x.w.takeover(now); x.a.shared && at.rev != 0 {
 		ok, err := c.store.reap(x.ctx, x.a.key, at, nil)
 		return err == nil && ok
 	}
@@ -565,7 +564,7 @@ func (x *wait) reap() bool {
 // which its attempt passes only while they still are (x.asleep).
 func (x *wait) takeable(r record) bool {
 	switch {
-	case !x.shared:
+	case !x.a.shared:
 		return x.q.head() && (r.free() || x.w.takeover(x.c.clock.Now()).rev != 0)
 	case !x.q.registered():
 		return r.sharable(x.a)
@@ -589,7 +588,7 @@ func (r record) sharable(a attempt) bool {
 // permits is how many hold the key at once: a shared claim's limit, and
 // one for an exclusive claim.
 func (x *wait) permits() int {
-	if x.shared {
+	if x.a.shared {
 		return x.a.limit
 	}
 	return 1
@@ -626,7 +625,7 @@ func (x *wait) remark(r *record) error {
 // shared wait, whose holds are not one at a time, makes no head plan.
 func (x *wait) saw(r record, sent time.Time) {
 	x.sawHeld(r)
-	x.sched.saw(r, sent, x.c.clock.Now(), x.q.registered(), x.turns(), x.shared || x.a.kind == kindRW)
+	x.sched.saw(r, sent, x.c.clock.Now(), x.q.registered(), x.turns(), x.a.shared || x.a.kind == kindRW)
 }
 
 // settle acts on the round's error: it ends the wait on one that waiting
@@ -657,7 +656,7 @@ func (x *wait) settle(err error) (step, error) {
 // registered and awake with fewer awake waiters ahead than permits; for an
 // exclusive claim, also unregistered (queueing.head).
 func (x *wait) head() bool {
-	if !x.shared {
+	if !x.a.shared {
 		return x.q.head()
 	}
 	return x.q.registered() && !x.q.asleep() && x.place() == 0
@@ -668,7 +667,7 @@ func (x *wait) head() bool {
 // acquire takes it over; any shared wait may clear a dead holder.
 func (x *wait) pause() error {
 	due := &x.w
-	if !x.shared && !x.q.head() {
+	if !x.a.shared && !x.q.head() {
 		due = &watch{}
 	}
 	now := x.c.clock.Now()
